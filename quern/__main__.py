@@ -1,0 +1,3 @@
+from quern.cli import main
+
+main()
