@@ -1,0 +1,147 @@
+"""Builds the model, sizes the paged KV cache, flattens each step's batch and runs it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.config import EngineConfig
+from engine.layers.attention import AttentionMetadata
+from engine.models.llama import SUPPORTED_MODEL_TYPES, LlamaForCausalLM
+from engine.sequence import Request
+
+GIB = 1024 ** 3
+
+
+class ModelRunner:
+    def __init__(self, hf_config, state_dict, config: EngineConfig, dtype: torch.dtype,
+                 device: torch.device, max_model_len: int):
+        if hf_config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model type {hf_config.model_type!r} is not supported; "
+                             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        self.config = config
+        self.dtype = dtype
+        self.device = device
+        self.block_size = config.block_size
+        self.kernels = config.kernels
+        with torch.device("meta"):
+            model = LlamaForCausalLM(hf_config, max_model_len, self.kernels)
+        model = model.to_empty(device=device)
+        model.init_rope(max_model_len)  # a buffer, not a weight: built after the meta phase
+        model.load_hf_state_dict(state_dict)
+        self.model = model.to(dtype).eval()
+        self.model.cos_sin_cache = self.model.cos_sin_cache.float()  # rotary math in float32
+        self.max_model_len = max_model_len
+        attn = self.model.layers[0].self_attn
+        self.num_layers = len(self.model.layers)
+        self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
+        self.num_blocks = self._num_kv_blocks()
+        shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
+                           torch.zeros(shape, dtype=dtype, device=device))
+                          for _ in range(self.num_layers)]
+
+    def bytes_per_block(self) -> int:
+        element = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
+
+    def _num_kv_blocks(self) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        if self.device.type == "cuda":
+            budget = self._profile_cuda_budget()
+        else:
+            budget = int(self.config.kv_cache_memory_gb * GIB)
+        num_blocks = budget // self.bytes_per_block()
+        if num_blocks < 1:
+            raise ValueError("the KV cache budget holds not even one block; raise it")
+        return int(num_blocks)
+
+    def _profile_cuda_budget(self) -> int:
+        """Run one forward of a full token budget, then take a fraction of what is left."""
+        n, bs = self.config.max_num_batched_tokens, self.block_size
+        num_blocks = -(-n // bs)
+        shape = (num_blocks, bs, self.num_kv_heads, self.head_dim)
+        scratch = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                    torch.zeros(shape, dtype=self.dtype, device=self.device))
+                   for _ in range(self.num_layers)]
+
+        def ints(values, dtype=torch.int32) -> torch.Tensor:
+            return torch.as_tensor(values, dtype=dtype, device=self.device)
+
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(n, device=self.device),
+            block_tables=torch.arange(num_blocks, dtype=torch.int32, device=self.device)[None],
+            seq_lens=ints([n]), query_start_loc=ints([0, n]),
+            max_query_len=n, max_seq_len=n, kernels=self.kernels)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        with torch.inference_mode():
+            positions = torch.arange(n, device=self.device) % self.max_model_len
+            hidden = self.model(torch.zeros_like(positions), positions, scratch, meta)
+            self.model.compute_logits(hidden[:self.config.max_num_seqs])
+        torch.cuda.synchronize(self.device)
+        del scratch, hidden
+        _, total = torch.cuda.mem_get_info(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        return max(0, int(total * self.config.gpu_memory_utilization) - peak)
+
+    def prepare(self, scheduled: list[tuple[Request, int]]):
+        """Flatten the step: input ids, positions, attention metadata, and the indices of the
+        tokens whose logits are sampled (the last token of each request that completes)."""
+        bs = self.block_size
+        num_seqs = len(scheduled)
+        starts = np.fromiter((r.num_computed_tokens for r, _ in scheduled), np.int64, num_seqs)
+        counts = np.fromiter((n for _, n in scheduled), np.int64, num_seqs)
+        seq_lens = starts + counts
+        query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(counts, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+
+        input_ids: list[int] = []
+        max_blocks = max(len(r.block_table) for r, _ in scheduled)
+        block_tables = np.zeros((num_seqs, max_blocks), dtype=np.int64)
+        for i, (req, n) in enumerate(scheduled):
+            start = req.num_computed_tokens
+            input_ids.extend(req.token_ids[start:start + n])
+            block_tables[i, :len(req.block_table)] = req.block_table
+        seq_index = np.repeat(np.arange(num_seqs), counts)
+        positions = np.arange(num_tokens) - np.repeat(query_start_loc[:-1] - starts, counts)
+        slot_mapping = block_tables[seq_index, positions // bs] * bs + positions % bs
+
+        sampled = [i for i, (req, n) in enumerate(scheduled)
+                   if req.num_computed_tokens + n == req.num_tokens]
+        logits_indices = query_start_loc[1:][sampled] - 1
+
+        def to_device(a: np.ndarray, dtype=torch.int64) -> torch.Tensor:
+            return torch.from_numpy(a).to(device=self.device, dtype=dtype, non_blocking=True)
+
+        meta = AttentionMetadata(
+            slot_mapping=to_device(slot_mapping),
+            block_tables=to_device(block_tables, torch.int32),
+            seq_lens=to_device(seq_lens, torch.int32),
+            query_start_loc=to_device(query_start_loc, torch.int32),
+            max_query_len=int(counts.max()),
+            max_seq_len=int(seq_lens.max()),
+            kernels=self.kernels,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        return ids, to_device(positions), meta, to_device(logits_indices), sampled
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole KV blocks (copy on write for forked requests), in every layer."""
+        if not copies:
+            return
+        src = torch.tensor([s for s, _ in copies], device=self.device)
+        dst = torch.tensor([d for _, d in copies], device=self.device)
+        for k_cache, v_cache in self.kv_caches:
+            k_cache[dst] = k_cache[src]
+            v_cache[dst] = v_cache[src]
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[tuple[Request, int]]):
+        """Run one forward; returns (logits [num_sampled, vocab] float32, sampled indices into
+        ``scheduled``)."""
+        ids, positions, meta, logits_indices, sampled = self.prepare(scheduled)
+        hidden = self.model(ids, positions, self.kv_caches, meta)
+        return self.model.compute_logits(hidden[logits_indices]), sampled
