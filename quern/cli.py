@@ -34,5 +34,56 @@ def run(
     raise typer.Exit(0 if summary.failed == 0 or summary.completed else 1)
 
 
+@app.command()
+def api(
+    host: str = typer.Option("127.0.0.1", "--host", envvar="QUERN_API_HOST"),
+    port: int = typer.Option(8000, "--port", envvar="QUERN_API_PORT"),
+    workers: int = typer.Option(1, "--workers", help="uvicorn worker processes."),
+) -> None:
+    """Serve the REST API (settings from QUERN_* environment variables)."""
+    import uvicorn
+
+    uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers,
+                proxy_headers=True)
+
+
+db_app = typer.Typer(no_args_is_help=True, help="Database schema migrations (Alembic).")
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("upgrade")
+def db_upgrade(revision: str = typer.Argument("head")) -> None:
+    """Migrate QUERN_DATABASE_URL's schema up to REVISION."""
+    from store.migrate import upgrade
+
+    upgrade(revision)
+
+
+@db_app.command("downgrade")
+def db_downgrade(revision: str = typer.Argument(..., help="e.g. -1 or base")) -> None:
+    """Migrate the schema down to REVISION."""
+    from store.migrate import downgrade
+
+    downgrade(revision)
+
+
+keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("create")
+def keys_create(tenant: str = typer.Option(..., "--tenant", help="Tenant name; made if new.")
+                ) -> None:
+    """Create an API key for TENANT and print it (it is shown only this once)."""
+    from store.db import session_scope
+    from store.tenants import create_api_key
+
+    with session_scope() as session:
+        row, key = create_api_key(session, tenant)
+        tenant_id = row.id
+    typer.echo(f"tenant {tenant} ({tenant_id})", err=True)
+    typer.echo(key)
+
+
 def main() -> None:
     app()

@@ -145,7 +145,8 @@ class BatchLineError(ValueError):
                 "line": self.line_no}
 
 
-def parse_batch_line(raw: bytes | str, line_no: int, *, url_for_all: str | None = None) -> BatchLine:
+def parse_batch_line(raw: bytes | str, line_no: int, *,
+                     url_for_all: str | None = None) -> BatchLine:
     """Parse and validate one input line; raise BatchLineError naming what is wrong.
 
     ``url_for_all``, when given, is the batch's endpoint: every line must use it.
