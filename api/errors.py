@@ -88,6 +88,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
         message = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+        if first["type"] == "json_invalid":
+            message = f"the body is not valid JSON: {(first.get('ctx') or {}).get('error')}"
         param = _validation_param(first)
         if param:
             message = f"{param}: {message}"

@@ -16,11 +16,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import orjson
-from sqlalchemy import exists, func, select, update
+from sqlalchemy import Select, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from store import queue
-from store.db import raw_connection, session_scope, sessionmaker_for
+from store.db import for_update, raw_connection, session_scope, sessionmaker_for
 from store.errors import Conflict, InvalidRequest, NotFound
 from store.files import get_file
 from store.limits import check_generation
@@ -54,9 +54,9 @@ def create_batch(session: Session, tenant_id: str, *, input_file_id: str, endpoi
 
 
 def get_batch(session: Session, tenant_id: str, batch_id: str, *,
-              for_update: bool = False) -> Batch:
+              lock: bool = False) -> Batch:
     query = select(Batch).where(Batch.id == batch_id, Batch.tenant_id == tenant_id)
-    batch = session.scalars(query.with_for_update() if for_update else query).one_or_none()
+    batch = session.scalars(for_update(query) if lock else query).one_or_none()
     if batch is None:
         raise NotFound("batch_not_found", f"no batch {batch_id!r}", "batch_id")
     return batch
@@ -79,7 +79,7 @@ def cancel_batch(session: Session, tenant_id: str, batch_id: str) -> Batch:
                        "batch_id")
     _cancel_pending_jobs(session, batch.id, {"code": "batch_cancelled",
                                              "message": "the batch was cancelled"})
-    batch = get_batch(session, tenant_id, batch_id, for_update=True)
+    batch = get_batch(session, tenant_id, batch_id, lock=True)
     now = datetime.now(timezone.utc)
     if batch.status == "validating":
         batch.status, batch.cancelling_at = "cancelling", now
@@ -94,7 +94,7 @@ def _cancel_pending_jobs(session: Session, batch_id: str, error: dict[str, str])
     # lock in id order, the order result writes lock in
     ids = list(session.scalars(select(Job.id).where(
         Job.batch_id == batch_id, Job.status.in_(PENDING_JOB_STATUSES))
-        .order_by(Job.id).with_for_update()))
+        .order_by(Job.id).with_for_update()))  # ids only: nothing held in the session to refresh
     if ids:
         session.execute(update(Job).where(Job.id.in_(ids), Job.status.in_(PENDING_JOB_STATUSES))
                         .values(status="cancelled", error=error, finished_at=func.now()))
@@ -106,8 +106,7 @@ def record_outcomes(session: Session, outcomes: dict[str, tuple[int, int]]) -> N
     Call after the job rows changed, in the same transaction."""
     for batch_id in sorted(outcomes):
         succeeded, failed = outcomes[batch_id]
-        batch = session.scalars(select(Batch).where(Batch.id == batch_id)
-                                .with_for_update()).one_or_none()
+        batch = session.scalars(_locked_batch(batch_id)).one_or_none()
         if batch is None:
             continue
         batch.completed += succeeded
@@ -128,7 +127,7 @@ def _finish(session: Session, batch: Batch, status: str, now: datetime) -> None:
     error files (generated from the job rows when read)."""
     batch.finalizing_at = now
     counts = dict(session.execute(select(Job.status, func.count()).where(
-        Job.batch_id == batch.id).group_by(Job.status)).tuples().all())
+        Job.batch_id == batch.id).group_by(Job.status)).all())
     if counts.get("succeeded"):
         batch.output_file_id = _generated_file(session, batch, "output").id
     if counts.get("failed") or counts.get("cancelled"):
@@ -155,7 +154,7 @@ def expire_batches(session: Session, now: datetime | None = None) -> list[str]:
         _cancel_pending_jobs(session, batch_id, {"code": "batch_expired",
                                                  "message": "the batch expired before this "
                                                             "request ran"})
-        batch = session.scalars(select(Batch).where(Batch.id == batch_id).with_for_update()).one()
+        batch = session.scalars(_locked_batch(batch_id)).one()
         if batch.status in ("validating", "in_progress"):
             _finish(session, batch, "expired", now)
             expired.append(batch_id)
@@ -210,12 +209,10 @@ def validate_and_expand(batch_id: str, settings: Settings) -> str | None:
         if check.error_count:
             session.rollback()
             return _fail(session, batch_id, check)
-        batch = session.scalars(select(Batch).where(Batch.id == batch_id)
-                                .with_for_update()).one()
+        batch = session.scalars(_locked_batch(batch_id)).one()
         if batch.status == "cancelling":  # cancelled while we validated: keep no jobs
             session.rollback()
-            batch = session.scalars(select(Batch).where(Batch.id == batch_id)
-                                    .with_for_update()).one()
+            batch = session.scalars(_locked_batch(batch_id)).one()
             _finish(session, batch, "cancelled", datetime.now(timezone.utc))
             session.commit()
             return "cancelled"
@@ -225,6 +222,10 @@ def validate_and_expand(batch_id: str, settings: Settings) -> str | None:
         model = batch.model or ""
     _send_batch(batch_id, model, settings)
     return "in_progress"
+
+
+def _locked_batch(batch_id: str) -> Select[tuple[Batch]]:
+    return for_update(select(Batch).where(Batch.id == batch_id))
 
 
 def _lock_key(batch_id: str) -> int:

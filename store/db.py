@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from typing import Any
 
 import psycopg
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, Select, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from store.settings import Settings, get_settings
@@ -42,3 +43,9 @@ def session_scope(settings: Settings | None = None) -> Iterator[Session]:
 def raw_connection(session: Session) -> psycopg.Connection:
     """The psycopg connection under a session, for COPY."""
     return session.connection().connection.driver_connection
+
+
+def for_update(query: Select[Any]) -> Select[Any]:
+    """SELECT ... FOR UPDATE that also refreshes rows the session already holds: the fresh
+    values are the point of taking the lock."""
+    return query.with_for_update().execution_options(populate_existing=True)

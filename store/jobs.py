@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from store import queue
 from store.batches import record_outcomes
+from store.db import for_update
 from store.errors import Conflict, NotFound, QueueFull, QueueUnavailable
 from store.limits import check_generation
 from store.models import PENDING_JOB_STATUSES, Job, new_id
@@ -104,9 +105,9 @@ def _check_queue_cap(session: Session, tenant_id: str, settings: Settings) -> No
                         settings.queue_full_retry_after_s)
 
 
-def get_job(session: Session, tenant_id: str, job_id: str, *, for_update: bool = False) -> Job:
+def get_job(session: Session, tenant_id: str, job_id: str, *, lock: bool = False) -> Job:
     query = select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id)
-    job = session.scalars(query.with_for_update() if for_update else query).one_or_none()
+    job = session.scalars(for_update(query) if lock else query).one_or_none()
     if job is None:
         raise NotFound("job_not_found", f"no job {job_id!r}", "job_id")
     return job
@@ -125,7 +126,7 @@ def list_jobs(session: Session, tenant_id: str, *, after: str | None = None, lim
 def cancel_job(session: Session, tenant_id: str, job_id: str) -> Job:
     """Cancel a queued or running job (the worker sees it through
     ``store.worker.cancelled_job_ids`` and its result write is then refused)."""
-    job = get_job(session, tenant_id, job_id, for_update=True)
+    job = get_job(session, tenant_id, job_id, lock=True)
     if job.status == "cancelled":
         return job
     if job.status not in PENDING_JOB_STATUSES:

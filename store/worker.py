@@ -28,6 +28,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from store.batches import record_outcomes
+from store.db import for_update
 from store.models import PENDING_JOB_STATUSES, Job
 from store.openai_batch import GenerationBody
 from store.settings import Settings
@@ -67,9 +68,9 @@ class JobFailure:
 
 def _lock_pending(session: Session, job_ids: Sequence[str]) -> list[Job]:
     # id order, the order every writer locks in, so concurrent writers cannot deadlock
-    return list(session.scalars(select(Job).where(
+    return list(session.scalars(for_update(select(Job).where(
         Job.id.in_(sorted(set(job_ids))), Job.status.in_(PENDING_JOB_STATUSES))
-        .order_by(Job.id).with_for_update()))
+        .order_by(Job.id))))
 
 
 def claim_jobs(session: Session, job_ids: Sequence[str], settings: Settings) -> list[ClaimedJob]:
