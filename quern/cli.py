@@ -29,7 +29,8 @@ def run(
     from worker.offline import run_batch_file
 
     summary = run_batch_file(input, output, model=model, resume=resume, dtype=dtype,
-                             window=window, max_num_seqs=max_num_seqs, kv_cache_gb=kv_cache_gb)
+                             window=window, max_num_seqs=max_num_seqs,
+                             kv_cache_memory_gb=kv_cache_gb)
     typer.echo(summary.describe(), err=True)
     raise typer.Exit(0 if summary.failed == 0 or summary.completed else 1)
 
