@@ -14,6 +14,7 @@ import psycopg
 import pytest
 import redis
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, inspect, pool
 from sqlalchemy.orm import Session
 
 from api.app import create_app
@@ -37,8 +38,7 @@ def create_database(name: str) -> None:
 
 
 def drop_database(name: str) -> None:
-    engine_for.cache_clear()
-    sessionmaker_for.cache_clear()
+    engine_for(database_url(name)).dispose()  # close this process's pooled connections
     with psycopg.connect(SERVER_URL, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -51,8 +51,26 @@ def db_url() -> Iterator[str]:
         upgrade("head", database_url(name))
         yield database_url(name)
     finally:
-        engine_for(database_url(name)).dispose()
         drop_database(name)
+
+
+@pytest.fixture
+def scratch_db() -> Iterator[str]:
+    """An empty database of its own, for tests that migrate up and down."""
+    name = f"quern_test_mig_{uuid.uuid4().hex[:10]}"
+    create_database(name)
+    try:
+        yield database_url(name)
+    finally:
+        drop_database(name)
+
+
+def tables(url: str) -> set[str]:
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        return set(inspect(engine).get_table_names())
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture(scope="session")
