@@ -40,12 +40,13 @@ def api(
     host: str = typer.Option("127.0.0.1", "--host", envvar="QUERN_API_HOST"),
     port: int = typer.Option(8000, "--port", envvar="QUERN_API_PORT"),
     workers: int = typer.Option(1, "--workers", help="uvicorn worker processes."),
+    log_level: str = typer.Option("info", "--log-level"),
 ) -> None:
     """Serve the REST API (settings from QUERN_* environment variables)."""
     import uvicorn
 
     uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                proxy_headers=True)
+                proxy_headers=True, log_level=log_level)
 
 
 db_app = typer.Typer(no_args_is_help=True, help="Database schema migrations (Alembic).")
