@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
@@ -86,10 +88,12 @@ def file_content(file_id: str, who: Caller = Depends(caller),
                  session: Session = Depends(db_session),
                  config: Settings = Depends(settings)) -> StreamingResponse:
     file = files.get_file(session, who.tenant_id, file_id)
+    # the name is the uploader's: keep it from breaking out of the header
+    safe_name = re.sub(r"[^\w.\-]", "_", file.filename)
     return StreamingResponse(files.iter_file_content(file.id, config),
                              media_type="application/jsonl",
                              headers={"Content-Disposition":
-                                      f'attachment; filename="{file.filename}"'})
+                                      f'attachment; filename="{safe_name}"'})
 
 
 @router.delete("/{file_id}", response_model=FileDeleted)
