@@ -63,10 +63,13 @@ def test_unknown_rope_type_is_refused():
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 @pytest.mark.parametrize(
-    ("dtype", "atol"), [(torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)]
+    ("dtype", "atol", "rtol"),
+    # A last-bit difference is allowed: Triton fuses multiply-adds, and the interpreter
+    # truncates to bfloat16 where torch rounds.
+    [(torch.float32, 1e-5, 1e-5), (torch.float16, 2e-3, 2**-10), (torch.bfloat16, 2e-2, 2**-7)],
 )
 @pytest.mark.parametrize(("rope_type", "head_dim"), [("default", 64), ("llama3", 128)])
-def test_rotary_matches_hf_apply_rotary_pos_emb(impl, rope_type, head_dim, dtype, atol, device):
+def test_matches_hf_apply_rotary_pos_emb(impl, rope_type, head_dim, dtype, atol, rtol, device):
     base = 10000.0 if rope_type == "default" else 500000.0
     rope_scaling = ROPE_TYPES[rope_type]
     gen = torch.Generator().manual_seed(head_dim)
@@ -89,8 +92,8 @@ def test_rotary_matches_hf_apply_rotary_pos_emb(impl, rope_type, head_dim, dtype
     )
     q_ref, k_ref = q_ref[0].transpose(0, 1).to(dtype), k_ref[0].transpose(0, 1).to(dtype)
     assert q_out.dtype == dtype and k_out.dtype == dtype
-    torch.testing.assert_close(q_out, q_ref, atol=atol, rtol=0)
-    torch.testing.assert_close(k_out, k_ref, atol=atol, rtol=0)
+    torch.testing.assert_close(q_out, q_ref, atol=atol, rtol=rtol)
+    torch.testing.assert_close(k_out, k_ref, atol=atol, rtol=rtol)
     assert torch.equal(q_dev.cpu(), q) and torch.equal(k_dev.cpu(), k)
 
 
