@@ -25,3 +25,9 @@ def kernel_device() -> str:
 @pytest.fixture
 def device() -> str:
     return kernel_device()
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    """Same random inputs on every run, so a tolerance that passes once passes always."""
+    torch.manual_seed(0)

@@ -100,7 +100,7 @@ def test_rms_norm_with_residual_matches_twin(dtype):
     want_out, want_sum = kernels.rms_norm(x, weight, 1e-5, residual, impl="torch")
     # A GPU rounds to nearest even, as torch does, so the sum is exact.
     assert torch.equal(summed, want_sum)
-    torch.testing.assert_close(out, want_out, atol=ATOL[dtype], rtol=1e-2)
+    torch.testing.assert_close(out, want_out, atol=ATOL[dtype], rtol=2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -7,8 +7,13 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 import kernels
 
 EPS = 1e-5
-# Per dtype: how far Triton may differ from HF (its sum and rsqrt round differently).
-TRITON_ATOL = {torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+# Per dtype: how far Triton may differ from HF. Its sum and rsqrt round differently, and the
+# interpreter truncates to bfloat16 where torch rounds, at each of up to three roundings.
+TRITON_TOL = {
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (4e-3, 1e-2),
+    torch.bfloat16: (3e-2, 3e-2),
+}
 
 
 def hf_norm(hidden: int, dtype: torch.dtype, seed: int = 0) -> LlamaRMSNorm:
@@ -25,7 +30,8 @@ def check(out: torch.Tensor, ref: torch.Tensor, impl: str) -> None:
         # The twin runs HF's exact operations, so it must match to the bit.
         assert torch.equal(out, ref)
     else:
-        torch.testing.assert_close(out, ref, atol=TRITON_ATOL[ref.dtype], rtol=1e-2)
+        atol, rtol = TRITON_TOL[ref.dtype]
+        torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("impl", ["triton", "torch"])
