@@ -4,16 +4,19 @@ tiny random-weight models built from HF config classes."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return  # spares the API tests a torch import
+    import torch
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; the same logic runs on CPU elsewhere")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for item in gpu_items:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +26,8 @@ def smollm2():
     The engine is built from the same state dict the HF model holds, so both read the same
     dequantized GGUF weights.
     """
+    import torch
+
     from engine import LLM, LLMEngine
     from engine.loader import load_hf_weights, load_tokenizer, resolve_model
 
@@ -66,6 +71,7 @@ TINY_CONFIGS = {
 
 def tiny_hf_model(kind: str, vocab_size: int = 320, seed: int = 0):
     """A random-weight HF model of the given family with GQA, float32."""
+    import torch
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[kind]
