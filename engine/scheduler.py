@@ -69,12 +69,19 @@ class Scheduler:
 
         # A preemption means blocks are short: admitting more would only thrash.
         blocks_short = bool(out.preempted)
+        in_flight = self._prefix_blocks_in_flight()
+        deferred = []
         while self.waiting and budget > 0 and not blocks_short:
             req = self.waiting[0][1]
             if len(self.running) >= self.config.max_num_seqs and not self._make_room(req, out,
                                                                                     scheduled):
                 break
             cached = self.block_manager.find_cached_blocks(req)
+            if self._shares_block_in_flight(req, len(cached), in_flight):
+                # Its next block is being computed by another request: wait a step and hit it
+                # in the cache rather than compute the same prefix twice.
+                deferred.append(heapq.heappop(self.waiting))
+                continue
             num_computed = len(cached) * self.block_manager.block_size
             num_new = self._chunk(req.num_tokens - num_computed, budget)
             if not self.block_manager.allocate(req, num_new, cached):
@@ -92,9 +99,27 @@ class Scheduler:
             self.running.append(req)
             scheduled[req] = num_new
             budget -= num_new
+            in_flight.update(self._uncomputed_prompt_blocks(req))
 
+        for item in deferred:
+            heapq.heappush(self.waiting, item)
         out.scheduled = list(scheduled.items())
         return out
+
+    def _uncomputed_prompt_blocks(self, req: Request) -> list[int]:
+        bs = self.block_manager.block_size
+        return req.block_hashes[req.num_computed_tokens // bs:req.num_prompt_tokens // bs]
+
+    def _prefix_blocks_in_flight(self) -> set[int]:
+        """Hashes of full prompt blocks that running requests have yet to compute."""
+        if not self.block_manager.enable_prefix_caching:
+            return set()
+        return {h for r in self.running if r.num_computed_tokens < r.num_prompt_tokens
+                for h in self._uncomputed_prompt_blocks(r)}
+
+    @staticmethod
+    def _shares_block_in_flight(req: Request, num_cached: int, in_flight: set[int]) -> bool:
+        return num_cached < len(req.block_hashes) and req.block_hashes[num_cached] in in_flight
 
     def _make_room(self, req: Request, out: SchedulerOutput,
                    scheduled: dict[Request, int]) -> bool:

@@ -26,11 +26,16 @@ def run(
                                help="Requests held in the engine at once (bounds memory)."),
 ) -> None:
     """Run a batch file offline through the engine, writing results as they finish."""
+    from engine import ModelNotFoundError
     from worker.offline import run_batch_file
 
-    summary = run_batch_file(input, output, model=model, resume=resume, dtype=dtype,
-                             window=window, max_num_seqs=max_num_seqs,
-                             kv_cache_memory_gb=kv_cache_gb)
+    try:
+        summary = run_batch_file(input, output, model=model, resume=resume, dtype=dtype,
+                                 window=window, max_num_seqs=max_num_seqs,
+                                 kv_cache_memory_gb=kv_cache_gb)
+    except (ModelNotFoundError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
     typer.echo(summary.describe(), err=True)
     raise typer.Exit(0 if summary.failed == 0 or summary.completed else 1)
 
