@@ -23,7 +23,8 @@ class Block:
     block_id: int
     ref_cnt: int = 0
     block_hash: int | None = None
-    token_ids: tuple[int, ...] | None = None  # compared on a hit, so a collision cannot leak
+    # (parent hash, extra keys, token ids): compared on a hit, so a collision is a miss
+    key: tuple[int, bytes, tuple[int, ...]] | None = None
 
 
 def hash_block(parent_hash: int, token_ids: list[int], extra: bytes) -> int:
@@ -63,20 +64,21 @@ class BlockManager:
             parent = req.block_hashes[-1] if req.block_hashes else 0
             req.block_hashes.append(hash_block(parent, req.token_ids[i * bs:(i + 1) * bs], extra))
 
+    def _block_key(self, req: Request, i: int) -> tuple[int, bytes, tuple[int, ...]]:
+        parent = req.block_hashes[i - 1] if i else 0
+        extra = req.cache_salt.encode() if req.cache_salt else b""
+        return parent, extra, tuple(req.token_ids[i * self.block_size:(i + 1) * self.block_size])
+
     def find_cached_blocks(self, req: Request) -> list[int]:
         """Block ids holding the longest cached prefix of ``req``, leaving at least one token
         to compute (its logits are needed to sample)."""
         if not self.enable_prefix_caching:
             return []
         self._update_hashes(req)
-        bs = self.block_size
         hits: list[int] = []
-        for i in range((req.num_tokens - 1) // bs):
+        for i in range((req.num_tokens - 1) // self.block_size):
             block_id = self.cached.get(req.block_hashes[i])
-            if block_id is None:
-                break
-            block = self.blocks[block_id]
-            if block.token_ids != tuple(req.token_ids[i * bs:(i + 1) * bs]):
+            if block_id is None or self.blocks[block_id].key != self._block_key(req, i):
                 break
             hits.append(block_id)
         return hits
@@ -87,13 +89,12 @@ class BlockManager:
         if not self.enable_prefix_caching or num_full <= req.num_registered_blocks:
             return
         self._update_hashes(req)
-        bs = self.block_size
         for i in range(req.num_registered_blocks, num_full):
             block = self.blocks[req.block_table[i]]
             block_hash = req.block_hashes[i]
             if block.block_hash is None and block_hash not in self.cached:
                 block.block_hash = block_hash
-                block.token_ids = tuple(req.token_ids[i * bs:(i + 1) * bs])
+                block.key = self._block_key(req, i)
                 self.cached[block_hash] = block.block_id
         req.num_registered_blocks = num_full
 
@@ -140,7 +141,7 @@ class BlockManager:
             if self.cached.get(block.block_hash) == block_id:
                 del self.cached[block.block_hash]
             block.block_hash = None
-            block.token_ids = None
+            block.key = None
         block.ref_cnt = 1
         return block_id
 
