@@ -73,9 +73,10 @@ class Scheduler:
         deferred = []
         while self.waiting and budget > 0 and not blocks_short:
             req = self.waiting[0][1]
-            if len(self.running) >= self.config.max_num_seqs and not self._make_room(req, out,
-                                                                                    scheduled):
-                break
+            if len(self.running) >= self.config.max_num_seqs:
+                if not self._make_room(req, out, scheduled):
+                    break
+                budget = self.config.max_num_batched_tokens - sum(scheduled.values())
             cached = self.block_manager.find_cached_blocks(req)
             if self._shares_block_in_flight(req, len(cached), in_flight):
                 # Its next block is being computed by another request: wait a step and hit it
