@@ -101,14 +101,18 @@ def sample(logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
     if all(greedy):
         tokens = logits.argmax(dim=1)
     else:
-        temps = _column([1.0 if g else p.temperature for g, p in zip(greedy, params)], logits)
+        temps = _column([1.0 if g else p.temperature
+                         for g, p in zip(greedy, params, strict=True)], logits)
         scaled = apply_top_k_top_p_min_p(logits / temps, [p.top_k for p in params],
                                          [p.top_p for p in params], [p.min_p for p in params])
         probs = scaled.softmax(dim=1)
         noise = torch.empty_like(probs).exponential_()
         for i, r in enumerate(reqs):
             if r.generator is not None and not greedy[i]:
-                noise[i].exponential_(generator=r.generator)
+                # The generator lives on the CPU (a CUDA tensor rejects it): the same draws
+                # whatever the device.
+                row = torch.empty(probs.shape[1]).exponential_(generator=r.generator)
+                noise[i] = row.to(noise.device)
         drawn = (probs / noise).argmax(dim=1)
         tokens = torch.where(torch.tensor(greedy, device=logits.device), logits.argmax(dim=1),
                              drawn)
@@ -124,5 +128,5 @@ def sample(logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
         top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
         for i, n in enumerate(wanted):
             if n is not None:
-                logprobs[i] = (chosen[i], list(zip(top_ids[i][:n], top_vals[i][:n])))
+                logprobs[i] = (chosen[i], list(zip(top_ids[i][:n], top_vals[i][:n], strict=True)))
     return SamplerOutput(token_list, logprobs)
