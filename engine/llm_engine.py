@@ -95,6 +95,9 @@ class LLMEngine:
         """Queue a request; returns its prompt length. Raises PromptTooLongError or ValueError
         for a request that can never run."""
         params = params or SamplingParams()
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n must be at most max_num_seqs ({self.config.max_num_seqs}), "
+                             f"got {params.n}")
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         prompt_ids = self.tokenize(prompt)

@@ -73,10 +73,11 @@ class Scheduler:
         deferred = []
         while self.waiting and budget > 0 and not blocks_short:
             req = self.waiting[0][1]
-            if len(self.running) >= self.config.max_num_seqs:
+            if sum(map(self._seats, self.running)) + self._seats(req) > self.config.max_num_seqs:
                 if not self._make_room(req, out, scheduled):
                     break
                 budget = self.config.max_num_batched_tokens - sum(scheduled.values())
+                continue
             cached = self.block_manager.find_cached_blocks(req)
             if self._shares_block_in_flight(req, len(cached), in_flight):
                 # Its next block is being computed by another request: wait a step and hit it
@@ -121,6 +122,11 @@ class Scheduler:
     @staticmethod
     def _shares_block_in_flight(req: Request, num_cached: int, in_flight: set[int]) -> bool:
         return num_cached < len(req.block_hashes) and req.block_hashes[num_cached] in in_flight
+
+    @staticmethod
+    def _seats(req: Request) -> int:
+        """Sequences ``req`` will hold: n for a prompt whose n - 1 siblings fork off it."""
+        return req.params.n if req.index == 0 and req.num_output_tokens == 0 else 1
 
     def _make_room(self, req: Request, out: SchedulerOutput,
                    scheduled: dict[Request, int]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine import LLM, SamplingParams
@@ -85,3 +86,42 @@ def test_logprobs_0_returns_only_the_chosen_token(tiny_engine):
     (out,) = LLM.from_engine(engine).generate([PROMPT], params)
     assert [e.top_logprobs for e in out.outputs[0].logprobs] == [[], [], []]
     assert all(e.logprob <= 0.0 for e in out.outputs[0].logprobs)
+
+
+def test_n_samples_count_against_max_num_seqs(tiny_engine):
+    prompts = [random_ids(20 + 7 * i, seed=10 + i) for i in range(3)]
+    params = [SamplingParams(n=3, temperature=1.0, seed=11 + i, max_tokens=12, ignore_eos=True)
+              for i in range(3)]
+    roomy, _ = tiny_engine("llama", num_kv_blocks=64, block_size=16)
+    expected = [[o.token_ids for o in out.outputs]
+                for out in LLM.from_engine(roomy).generate(prompts, params)]
+
+    engine, _ = tiny_engine("llama", num_kv_blocks=64, block_size=16, max_num_seqs=4)
+    running = []
+    step = engine.step
+
+    def recording_step():
+        increments = step()
+        running.append(len(engine.scheduler.running))
+        return increments
+
+    engine.step = recording_step
+    outs = LLM.from_engine(engine).generate(prompts, params)
+    assert [[o.token_ids for o in out.outputs] for out in outs] == expected
+    assert max(running) == 3  # a second n=3 request would need 6 seats
+    with pytest.raises(ValueError, match="n must be at most max_num_seqs"):
+        engine.add_request("wide", prompts[0], SamplingParams(n=5))
+
+
+def test_n_samples_under_memory_pressure_match_unconstrained(tiny_engine):
+    prompts = [random_ids(20 + 7 * i, seed=10 + i) for i in range(3)]
+    params = [SamplingParams(n=3, temperature=1.0, seed=11 + i, max_tokens=30, ignore_eos=True)
+              for i in range(3)]
+    roomy, _ = tiny_engine("llama", num_kv_blocks=64, block_size=16)
+    expected = [[o.token_ids for o in out.outputs]
+                for out in LLM.from_engine(roomy).generate(prompts, params)]
+    tight, _ = tiny_engine("llama", num_kv_blocks=12, block_size=16)
+    outs = LLM.from_engine(tight).generate(prompts, params)
+    assert [[o.token_ids for o in out.outputs] for out in outs] == expected
+    assert tight.stats()["num_preemptions"] > 0
+    assert tight.stats()["kv_blocks_free"] == 12
