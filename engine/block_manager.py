@@ -159,6 +159,9 @@ class BlockManager:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self.free_queue[block_id] = None
+        if self.pending_copies:  # a copy into a freed block (preempted this step) is moot
+            freed = set(req.block_table)
+            self.pending_copies = [(s, d) for s, d in self.pending_copies if d not in freed]
         req.block_table = []
         req.num_registered_blocks = 0
 

@@ -6,6 +6,9 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.block_manager import BlockManager
+from engine.detokenizer import IncrementalDetokenizer
+from engine.sequence import Request
 
 
 def random_ids(n: int, seed: int) -> list[int]:
@@ -125,3 +128,23 @@ def test_n_samples_under_memory_pressure_match_unconstrained(tiny_engine):
     assert [[o.token_ids for o in out.outputs] for out in outs] == expected
     assert tight.stats()["num_preemptions"] > 0
     assert tight.stats()["kv_blocks_free"] == 12
+
+
+def test_copy_on_write_into_a_block_freed_before_the_forward_is_dropped():
+    def request() -> Request:
+        return Request("r", PROMPT, SamplingParams(), IncrementalDetokenizer(None, [], False),
+                       None, 8)
+
+    bm = BlockManager(num_blocks=8, block_size=16)
+    parent, child = request(), request()
+    assert bm.allocate(parent, len(PROMPT))
+    parent.num_computed_tokens = child.num_computed_tokens = len(PROMPT)
+    bm.fork(parent, child)
+    for req in (parent, child):
+        req.append_token(5)
+    assert bm.allocate(parent, 1)  # parent copies the shared partial block
+    (copy,) = bm.pending_copies
+    assert copy == (child.block_table[2], parent.block_table[2])
+    bm.free(parent)  # preempted in the same step: a later copy could land in that block
+    assert bm.pending_copies == []
+    assert bm.blocks[child.block_table[2]].ref_cnt == 1
