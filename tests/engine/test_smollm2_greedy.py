@@ -30,7 +30,7 @@ def hf_greedy(hf_model, prompt_ids: list[int], max_tokens: int, eos: int) -> lis
 def first_divergence_is_near_tie(hf_model, prompt_ids, ours, theirs) -> bool:
     """At the first differing position, do transformers' logits for the two tokens differ by
     less than 1e-4?"""
-    k = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    k = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b)
     context = torch.tensor([prompt_ids + theirs[:k]])
     with torch.no_grad():
         logits = hf_model(context).logits[0, -1]

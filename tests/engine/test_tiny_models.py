@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sequence import Request
 from engine.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
+from engine.sequence import Request
 
 
 def engine_logits(engine, prompt: list[int], chunks: list[int]) -> torch.Tensor:
