@@ -54,6 +54,27 @@ def api(
                 proxy_headers=True, log_level=log_level)
 
 
+@app.command()
+def worker(
+    model: str = typer.Option("smollm2", "--model", help="'smollm2', a HF directory or a .gguf."),
+    served_model_name: str = typer.Option(None, "--served-model-name",
+                                          help="Queue name for the model (default: --model)."),
+    device: str = typer.Option(None, "--device", help="cuda:N (pinned) or cpu; default: auto."),
+    dtype: str = typer.Option(None, "--dtype", help="float32, bfloat16, float16; default: auto."),
+    concurrency: int = typer.Option(8, "--concurrency",
+                                    help="Messages in flight at once (Celery threads)."),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs"),
+    kv_cache_gb: float = typer.Option(1.0, "--kv-cache-gb", help="KV cache size on CPU."),
+    log_level: str = typer.Option("INFO", "--log-level"),
+) -> None:
+    """Consume quern.MODEL.interactive then quern.MODEL.batch with one engine on one device."""
+    from worker.celery_app import serve
+
+    serve(model, device=device, dtype=dtype, concurrency=concurrency,
+          served_model_name=served_model_name, loglevel=log_level,
+          max_num_seqs=max_num_seqs, kv_cache_memory_gb=kv_cache_gb)
+
+
 db_app = typer.Typer(no_args_is_help=True, help="Database schema migrations (Alembic).")
 app.add_typer(db_app, name="db")
 
