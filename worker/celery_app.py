@@ -20,6 +20,7 @@ import os
 import sys
 
 from celery import Celery
+from celery.utils.nodenames import default_nodename
 
 from store.queue import celery_app, queue_name
 from store.settings import Settings, get_settings
@@ -92,9 +93,12 @@ def serve(model: str = "smollm2", *, device: str | None = None, dtype: str | Non
     host = EngineHost(engine, publisher.publish).start()
     webhooks = WebhookSender()
     app = worker_app(settings, JobRunner(host, settings, webhooks))
+    # The API fails fast when Redis is down; a worker holding a loaded model waits instead.
+    app.conf.update(broker_connection_retry=True, broker_connection_retry_on_startup=True,
+                    broker_connection_max_retries=None)
     try:
         app.Worker(queues=worker_queues(name), pool="threads", concurrency=concurrency,
-                   loglevel=loglevel, hostname=f"quern-{name}@%h").start()
+                   loglevel=loglevel, hostname=default_nodename(f"quern-{name}")).start()
     finally:
         host.stop()
         publisher.close()

@@ -148,6 +148,23 @@ def test_redelivered_message_writes_nothing_the_second_time(settings, host, tena
         (before.attempts, before.finished_at, before.output_text)
 
 
+def test_message_redelivered_while_its_job_runs_shares_the_run_and_writes_once(settings, host,
+                                                                             tenant):
+    job_id = submit(settings, tenant, max_tokens=128)
+    reports = []
+    deliveries = [threading.Thread(target=lambda: reports.append(
+        run_jobs([job_id], host=host, settings=settings))) for _ in range(2)]
+    for t in deliveries:
+        t.start()
+    for t in deliveries:
+        t.join(20)
+
+    assert sorted(len(r.succeeded) for r in reports) == [0, 1]
+    assert not any(r.failed for r in reports)
+    job = row(settings, job_id)
+    assert job.status == "succeeded" and job.attempts == 2 and job.completion_tokens == 128
+
+
 def first_message(pubsub: redis.client.PubSub, timeout: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
