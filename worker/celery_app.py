@@ -20,7 +20,7 @@ import os
 import sys
 
 from celery import Celery
-from celery.utils.nodenames import default_nodename
+from celery.utils.nodenames import gethostname, nodename
 
 from store.queue import celery_app, queue_name
 from store.settings import Settings, get_settings
@@ -98,7 +98,7 @@ def serve(model: str = "smollm2", *, device: str | None = None, dtype: str | Non
                     broker_connection_max_retries=None)
     try:
         app.Worker(queues=worker_queues(name), pool="threads", concurrency=concurrency,
-                   loglevel=loglevel, hostname=default_nodename(f"quern-{name}")).start()
+                   loglevel=loglevel, hostname=nodename(f"quern-{name}", gethostname())).start()
     finally:
         host.stop()
         publisher.close()
