@@ -12,7 +12,8 @@ subprocess (so its peak RSS is its own) on the same prompts:
   KV cache, per-request max_new_tokens), at its default settings.
 
 Throughput counts only the tokens the workload asked for. Usage:
-    python bench/throughput.py [--requests 64] [--dtype float32] [--static-batch-sizes 16,64]
+    python bench/throughput.py [--requests 64] [--dtype bfloat16]
+        [--baseline-dtypes float32,bfloat16] [--static-batch-sizes 32,64]
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ TOPICS = ["the French Revolution", "photosynthesis", "black holes", "the printin
 ASKS = ["Give me a short overview of {}.", "What is one surprising fact about {}?",
         "Which book would you recommend to learn about {}?", "Explain {} to a ten-year-old."]
 MIN_OUT, MAX_OUT = 16, 256
+DTYPES = ["float32", "bfloat16"]
 
 
 def workload(n: int, seed: int) -> list[tuple[list[dict], int]]:
@@ -153,14 +155,15 @@ def child(args) -> None:
     print("RESULT " + json.dumps(result))
 
 
-def spawn(args, system: str, batch_size: int = 0) -> dict:
+def spawn(args, system: str, dtype: str, batch_size: int = 0) -> dict:
     cmd = [sys.executable, __file__, "--child", system, "--requests", str(args.requests),
-           "--seed", str(args.seed), "--dtype", args.dtype, "--batch-size", str(batch_size)]
+           "--seed", str(args.seed), "--dtype", dtype, "--batch-size", str(batch_size)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             result = json.loads(line[7:])
             result["tokens_per_s"] = result["tokens"] / result["seconds"]
+            result["dtype"] = dtype
             return result
     raise RuntimeError(f"{system} failed:\n{proc.stderr[-3000:]}")
 
@@ -169,8 +172,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--static-batch-sizes", default="16,64")
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES,
+                        help="the engine's dtype")
+    parser.add_argument("--baseline-dtypes", default="float32,bfloat16",
+                        help="transformers runs in each; its best is the baseline")
+    parser.add_argument("--static-batch-sizes", default="32,64")
     parser.add_argument("--skip-cb", action="store_true", help="skip transformers' CB")
     parser.add_argument("--child", choices=["engine", "hf-static", "hf-cb"])
     parser.add_argument("--batch-size", type=int, default=0)
@@ -183,25 +189,36 @@ def main() -> None:
     items = workload(args.requests, args.seed)
     print(f"workload: {len(items)} chat requests, one shared system prompt, output lengths "
           f"{min(n for _, n in items)}-{max(n for _, n in items)} (sum "
-          f"{sum(n for _, n in items)}), greedy, ignore_eos, dtype {args.dtype}, "
-          f"{os.cpu_count()} CPUs")
-    engine = spawn(args, "engine")
+          f"{sum(n for _, n in items)}), greedy, ignore_eos; {os.cpu_count()} CPUs, "
+          f"torch threads {torch_threads()}", flush=True)
+    engine = spawn(args, "engine", args.dtype)
     rows = [("quern engine", engine)]
-    static = [spawn(args, "hf-static", int(b)) for b in args.static_batch_sizes.split(",")]
-    rows += [(f"transformers generate, static batch {r['batch_size']}", r) for r in static]
-    best_static = max(static, key=lambda r: r["tokens_per_s"])
-    cb = None if args.skip_cb else spawn(args, "hf-cb")
-    if cb:
-        rows.append(("transformers continuous batching (generate_batch manager)", cb))
+    static, cbs = [], []
+    for dtype in args.baseline_dtypes.split(","):
+        for b in args.static_batch_sizes.split(","):
+            static.append(spawn(args, "hf-static", dtype, int(b)))
+            rows.append((f"transformers generate, static batch {b}", static[-1]))
+        if not args.skip_cb:
+            cbs.append(spawn(args, "hf-cb", dtype))
+            rows.append(("transformers continuous batching (paged, sdpa)", cbs[-1]))
     for name, r in rows:
-        print(f"{name:60s} {r['tokens']:6d} tok {r['seconds']:8.1f} s "
-              f"{r['tokens_per_s']:8.1f} tok/s  peak RSS {r['peak_rss_mb']:7.0f} MB")
-    print(f"prefill: {engine['prefill_tokens_computed']} prompt tokens computed of "
+        print(f"{name:48s} {r['dtype']:>9s} {r['tokens']:6d} tok {r['seconds']:7.1f} s "
+              f"{r['tokens_per_s']:7.1f} tok/s  peak RSS {r['peak_rss_mb']:6.0f} MB")
+    print(f"engine prefill: {engine['prefill_tokens_computed']} prompt tokens computed of "
           f"{engine['prompt_tokens']} ({engine['prefix_cache_hit_rate']:.0%} prefix-cache hits)")
-    print(f"engine / best static (batch {best_static['batch_size']}): "
-          f"{engine['tokens_per_s'] / best_static['tokens_per_s']:.2f}x")
-    if cb:
-        print(f"engine / transformers CB: {engine['tokens_per_s'] / cb['tokens_per_s']:.2f}x")
+    best = max(static, key=lambda r: r["tokens_per_s"])
+    print(f"engine / best transformers static (batch {best['batch_size']}, {best['dtype']}): "
+          f"{engine['tokens_per_s'] / best['tokens_per_s']:.2f}x")
+    if cbs:
+        best_cb = max(cbs, key=lambda r: r["tokens_per_s"])
+        print(f"engine / best transformers continuous batching ({best_cb['dtype']}): "
+              f"{engine['tokens_per_s'] / best_cb['tokens_per_s']:.2f}x")
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 if __name__ == "__main__":

@@ -35,14 +35,22 @@ class ModelRunner:
         attn = self.model.layers[0].self_attn
         self.num_layers = len(self.model.layers)
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
+        self.cache_dtype = self._cache_dtype()
         self.num_blocks = self._num_kv_blocks()
         shape = (self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device),
-                           torch.zeros(shape, dtype=dtype, device=device))
+        self.kv_caches = [(torch.zeros(shape, dtype=self.cache_dtype, device=device),
+                           torch.zeros(shape, dtype=self.cache_dtype, device=device))
                           for _ in range(self.num_layers)]
 
+    def _cache_dtype(self) -> torch.dtype:
+        if self.config.kv_cache_dtype != "auto":
+            return getattr(torch, self.config.kv_cache_dtype)
+        if self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16):
+            return torch.float32
+        return self.dtype
+
     def bytes_per_block(self) -> int:
-        element = torch.tensor([], dtype=self.dtype).element_size()
+        element = torch.tensor([], dtype=self.cache_dtype).element_size()
         return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
 
     def _num_kv_blocks(self) -> int:
@@ -62,8 +70,8 @@ class ModelRunner:
         n, bs = self.config.max_num_batched_tokens, self.block_size
         num_blocks = -(-n // bs)
         shape = (num_blocks, bs, self.num_kv_heads, self.head_dim)
-        scratch = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                    torch.zeros(shape, dtype=self.dtype, device=self.device))
+        scratch = [(torch.zeros(shape, dtype=self.cache_dtype, device=self.device),
+                    torch.zeros(shape, dtype=self.cache_dtype, device=self.device))
                    for _ in range(self.num_layers)]
 
         def ints(values, dtype=torch.int32) -> torch.Tensor:

@@ -31,7 +31,11 @@ def paged_attention_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     q [num_tokens, num_heads, head_dim]; k, v [num_tokens, num_kv_heads, head_dim].
     """
+    dtype = q.dtype
+    if k_cache.dtype != dtype:  # e.g. a float32 cache under a bfloat16 model on the CPU
+        q, k, v = q.to(k_cache.dtype), k.to(k_cache.dtype), v.to(k_cache.dtype)
     store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, impl=meta.kernels)
-    return paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                           meta.query_start_loc, scale, impl=meta.kernels,
-                           max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len)
+    out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                          meta.query_start_loc, scale, impl=meta.kernels,
+                          max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len)
+    return out.to(dtype)
