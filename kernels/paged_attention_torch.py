@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,10 @@ DECODE_CHUNK_BYTES = 4 << 20
 # Gathers up to this size reuse a per-thread buffer: a fresh multi-MB tensor is fresh pages from
 # the OS, and faulting them in made the gathers 3.5x slower. Bigger ones are not worth keeping.
 SCRATCH_MAX_BYTES = 64 << 20
+# Shared-prefix (cascade) decode pays off once several sequences share a few blocks; below
+# that the extra merge costs more than the gathers it saves.
+CASCADE_MIN_SEQS = 4
+CASCADE_MIN_BLOCKS = 2
 
 _scratch = threading.local()
 
@@ -44,84 +49,130 @@ def _gather_blocks(cache: torch.Tensor, table: torch.Tensor, which: int) -> torc
     return torch.index_select(cache, 0, table, out=out)
 
 
-def _decode_chunk(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    max_len: int,
-    scale: float,
-) -> torch.Tensor:
-    """q [n, num_heads, head_dim], one token per sequence; block_tables [n, max_blocks];
-    seq_lens [n] -> out [n, num_heads, head_dim]."""
-    n = q.shape[0]
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
-    num_blocks = -(-max_len // block_size)
-    num_slots = num_blocks * block_size
-    lens = seq_lens.long()[:, None]
-    table = block_tables[:, :num_blocks].long()
-    # Padding entries may hold any value (-1, out of range): point them at block 0 instead.
-    in_use = torch.arange(0, num_slots, block_size, device=q.device) < lens
-    table = table.masked_fill(~in_use, 0).flatten()
-    visible = torch.arange(num_slots, device=q.device) < lens
-    # Slots past seq_len hold whatever the cache holds (stale or uninitialized, NaN included);
-    # masking the scores is not enough, since 0 * NaN is NaN in the product with V. Filling
-    # those rows by index measured 10x faster than a broadcast masked_fill.
-    hidden_rows = (~visible).flatten().nonzero().squeeze(1)
-    shape = (n, num_slots, num_kv_heads, head_dim)
-    k = _gather_blocks(k_cache, table, 0).view(shape)
-    v = _gather_blocks(v_cache, table, 1).view(shape)
-    k.view(n * num_slots, -1).index_fill_(0, hidden_rows, 0)
-    v.view(n * num_slots, -1).index_fill_(0, hidden_rows, 0)
-    return F.scaled_dot_product_attention(
-        q.unsqueeze(2),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        attn_mask=visible[:, None, None, :],
-        scale=scale,
-        enable_gqa=True,
-    ).squeeze(2)
+@dataclass
+class _Chunk:
+    token_rows: torch.Tensor  # [n] rows of q/out
+    table: torch.Tensor  # [n * num_blocks] block ids to gather (padding pointed at block 0)
+    hidden_rows: torch.Tensor  # gathered slots past a sequence's end, zeroed before use
+    mask: torch.Tensor  # [n, 1, 1, num_slots] additive: 0 visible, -inf past the end
+    num_slots: int
 
 
-def _decode(
-    q: torch.Tensor,
-    out: torch.Tensor,
-    tokens: list[int],
-    seqs: list[int],
-    lens: list[int],
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-) -> None:
-    """Attends q[tokens[i]] for sequence seqs[i] and writes out[tokens[i]]."""
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
-    slot_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
+@dataclass
+class _DecodePlan:
+    """Everything about a step's decode sequences that no layer changes: built once per step
+    and reused by every layer, which then only gathers and attends."""
+
+    chunks: list[_Chunk]
+    prefix_blocks: torch.Tensor | None  # block ids every decode sequence starts with
+    prefix_rows: torch.Tensor | None  # rows of q/out of those sequences, in chunk order
+
+
+def _plan_decode(tokens: list[int], seqs: list[int], lens: list[int],
+                 block_tables: torch.Tensor, block_size: int, slot_bytes: int,
+                 cascade: bool = True) -> _DecodePlan:
+    device = block_tables.device
+    table_rows = block_tables.index_select(0, torch.tensor(seqs, device=device)).long()
+    # Blocks that every decode sequence shares (prefix caching hands one system prompt's
+    # blocks to all of them) are attended once for the whole batch, cascade style.
+    shared = 0
+    if cascade and len(seqs) >= CASCADE_MIN_SEQS:
+        limit = (min(lens[s] for s in seqs) - 1) // block_size  # each keeps a suffix token
+        same = (table_rows[:, :limit] == table_rows[:1, :limit]).all(dim=0).tolist()
+        shared = next((i for i, ok in enumerate(same) if not ok), limit)
+        if shared < CASCADE_MIN_BLOCKS:
+            shared = 0
+    offset = shared * block_size
     order = sorted(range(len(seqs)), key=lambda i: lens[seqs[i]])
-    first = 0
+    chunks, first = [], 0
     while first < len(order):
         last = first + 1
         # Sorted ascending, so the chunk's padded length is its last sequence's length.
         while last < len(order):
-            padded_bytes = (last + 1 - first) * lens[seqs[order[last]]] * slot_bytes
+            padded_bytes = (last + 1 - first) * (lens[seqs[order[last]]] - offset) * slot_bytes
             if padded_bytes > DECODE_CHUNK_BYTES:
                 break
             last += 1
-        chunk = order[first:last]
-        rows = torch.tensor([seqs[i] for i in chunk], device=q.device)
-        token_rows = torch.tensor([tokens[i] for i in chunk], device=q.device)
-        out.index_copy_(
-            0,
-            token_rows,
-            _decode_chunk(
-                q.index_select(0, token_rows), k_cache, v_cache,
-                block_tables.index_select(0, rows), seq_lens.index_select(0, rows),
-                lens[seqs[chunk[-1]]], scale,
-            ),
-        )
+        members = order[first:last]
+        suffix = torch.tensor([lens[seqs[i]] - offset for i in members], device=device)[:, None]
+        num_blocks = -(-int(suffix.max()) // block_size)
+        num_slots = num_blocks * block_size
+        table = table_rows[members][:, shared:shared + num_blocks]
+        # Padding entries may hold any value (-1, out of range): point them at block 0 instead.
+        in_use = torch.arange(0, num_slots, block_size, device=device) < suffix
+        visible = torch.arange(num_slots, device=device) < suffix
+        mask = torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
+        chunks.append(_Chunk(
+            token_rows=torch.tensor([tokens[i] for i in members], device=device),
+            table=table.masked_fill(~in_use, 0).flatten(),
+            # Slots past seq_len hold whatever the cache holds (stale, NaN included); a -inf
+            # score is not enough, since 0 * NaN is NaN in the product with V. Filling those
+            # rows by index measured 10x faster than a broadcast masked_fill.
+            hidden_rows=(~visible).flatten().nonzero().squeeze(1),
+            mask=mask[:, None, None, :], num_slots=num_slots))
         first = last
+    prefix_blocks = table_rows[0, :shared] if shared else None
+    prefix_rows = torch.cat([c.token_rows for c in chunks]) if shared else None
+    return _DecodePlan(chunks, prefix_blocks, prefix_rows)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+            scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [n, num_heads, head_dim] (one token each); k, v [n, slots, num_kv_heads, head_dim]
+    -> (out [n, num_heads, head_dim], logsumexp [n, num_heads]) in float32.
+
+    Each KV head's query group is laid out as a short query sequence of its own, which spares
+    SDPA a GQA expansion; the CPU flash kernel also returns the logsumexp a cascade merges by.
+    """
+    n, num_heads, head_dim = q.shape
+    num_kv_heads = k.shape[2]
+    group = num_heads // num_kv_heads
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.reshape(n, num_kv_heads, group, head_dim), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=mask, scale=scale)
+    return out.reshape(n, num_heads, head_dim), lse.reshape(n, num_heads)
+
+
+def _decode(q: torch.Tensor, out: torch.Tensor, plan: _DecodePlan, k_cache: torch.Tensor,
+            v_cache: torch.Tensor, scale: float) -> None:
+    """Attends each planned decode token over its whole context and writes its row of out."""
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    parts = []
+    for chunk in plan.chunks:
+        n = chunk.token_rows.shape[0]
+        shape = (n, chunk.num_slots, num_kv_heads, head_dim)
+        k = _gather_blocks(k_cache, chunk.table, 0).view(shape)
+        v = _gather_blocks(v_cache, chunk.table, 1).view(shape)
+        k.view(n * chunk.num_slots, -1).index_fill_(0, chunk.hidden_rows, 0)
+        v.view(n * chunk.num_slots, -1).index_fill_(0, chunk.hidden_rows, 0)
+        parts.append(_attend(q.index_select(0, chunk.token_rows), k, v, chunk.mask, scale))
+    if plan.prefix_blocks is None:
+        for chunk, (part, _) in zip(plan.chunks, parts, strict=True):
+            out.index_copy_(0, chunk.token_rows, part.to(out.dtype))
+        return
+    # The shared prefix: every decode query against one copy of its K/V, then a merge of the
+    # two partial softmaxes by their logsumexps.
+    k = _gather_blocks(k_cache, plan.prefix_blocks, 0).view(1, -1, num_kv_heads, head_dim)
+    v = _gather_blocks(v_cache, plan.prefix_blocks, 1).view(1, -1, num_kv_heads, head_dim)
+    rows = plan.prefix_rows
+    queries = q.index_select(0, rows)
+    n, num_heads, _ = queries.shape
+    group = num_heads // num_kv_heads
+    # [1, kv_heads, n * group, head_dim]: the whole batch as one query sequence per KV head
+    folded = queries.view(n, num_kv_heads, group, head_dim).transpose(0, 1).reshape(
+        1, num_kv_heads, n * group, head_dim)
+    prefix_out, prefix_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        folded, k.transpose(1, 2), v.transpose(1, 2), scale=scale)
+    prefix_out = prefix_out.view(num_kv_heads, n, group, head_dim).transpose(0, 1).reshape(
+        n, num_heads, head_dim)
+    prefix_lse = prefix_lse.view(num_kv_heads, n, group).transpose(0, 1).reshape(n, num_heads)
+    suffix_out = torch.cat([o for o, _ in parts])
+    suffix_lse = torch.cat([lse for _, lse in parts])
+    top = torch.maximum(prefix_lse, suffix_lse)
+    w_prefix = (prefix_lse - top).exp_().unsqueeze(-1)
+    w_suffix = (suffix_lse - top).exp_().unsqueeze(-1)
+    merged = (prefix_out * w_prefix + suffix_out * w_suffix) / (w_prefix + w_suffix)
+    out.index_copy_(0, rows, merged.to(out.dtype))
 
 
 def _prefill(
@@ -175,8 +226,12 @@ def paged_attention_torch(
     out = torch.empty_like(q)
     decode = [s for s in range(len(lens)) if starts[s + 1] - starts[s] == 1]
     if decode:
-        tokens = [starts[s] for s in decode]
-        _decode(q, out, tokens, decode, lens, k_cache, v_cache, block_tables, seq_lens, scale)
+        if q.device.type == "cpu" and q.dtype == torch.float32:
+            plan = _cached_plan(decode, starts, lens, block_tables, k_cache)
+            _decode(q, out, plan, k_cache, v_cache, scale)
+        else:
+            _decode_sdpa(q, out, [starts[s] for s in decode], decode, lens, k_cache, v_cache,
+                         block_tables, seq_lens, scale)
     for s in range(len(lens)):
         start, end = starts[s], starts[s + 1]
         if end - start > 1:
@@ -184,3 +239,42 @@ def paged_attention_torch(
                 q[start:end], k_cache, v_cache, block_tables[s], lens[s], scale
             )
     return out
+
+
+def _cached_plan(decode: list[int], starts: list[int], lens: list[int],
+                 block_tables: torch.Tensor, k_cache: torch.Tensor) -> _DecodePlan:
+    """The step's decode plan, built by its first layer and reused by the others: every layer
+    of a forward passes the very same metadata tensors."""
+    key = (tuple(starts), tuple(lens), k_cache.shape[1:])
+    cached = getattr(_scratch, "plan", None)
+    # Compared by content, not identity: a table changed in place must not reuse a stale plan,
+    # and comparing a few hundred ints is cheap next to rebuilding.
+    if (cached is not None and cached[0] == key and cached[1].shape == block_tables.shape
+            and torch.equal(cached[1], block_tables)):
+        return cached[2]
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    slot_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
+    plan = _plan_decode([starts[s] for s in decode], decode, lens, block_tables, block_size,
+                        slot_bytes)
+    _scratch.plan = (key, block_tables.clone(), plan)
+    return plan
+
+
+def _decode_sdpa(q, out, tokens, seqs, lens, k_cache, v_cache, block_tables, seq_lens,
+                 scale) -> None:
+    """Decode for what the CPU flash kernel does not take (16-bit, other devices): one
+    masked SDPA per sequence chunk."""
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    slot_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
+    plan = _plan_decode(tokens, seqs, lens, block_tables, block_size, slot_bytes, cascade=False)
+    for chunk in plan.chunks:
+        n = chunk.token_rows.shape[0]
+        shape = (n, chunk.num_slots, num_kv_heads, head_dim)
+        k = _gather_blocks(k_cache, chunk.table, 0).view(shape)
+        v = _gather_blocks(v_cache, chunk.table, 1).view(shape)
+        k.view(n * chunk.num_slots, -1).index_fill_(0, chunk.hidden_rows, 0)
+        v.view(n * chunk.num_slots, -1).index_fill_(0, chunk.hidden_rows, 0)
+        part = F.scaled_dot_product_attention(
+            q.index_select(0, chunk.token_rows).unsqueeze(2), k.transpose(1, 2),
+            v.transpose(1, 2), attn_mask=chunk.mask, scale=scale, enable_gqa=True)
+        out.index_copy_(0, chunk.token_rows, part.squeeze(2))
