@@ -41,7 +41,9 @@ def _gather_blocks(cache: torch.Tensor, table: torch.Tensor, which: int) -> torc
     if numel * cache.element_size() > SCRATCH_MAX_BYTES:
         return cache.index_select(0, table)
     buffers = _scratch.__dict__.setdefault("buffers", {})
-    key = (which, cache.dtype, cache.device)
+    # A buffer made under inference mode cannot be written outside it (and the engine runs
+    # under it while tests may not): one buffer per mode.
+    key = (which, cache.dtype, cache.device, torch.is_inference_mode_enabled())
     buffer = buffers.get(key)
     if buffer is None or buffer.numel() < numel:
         buffer = buffers[key] = torch.empty(numel, dtype=cache.dtype, device=cache.device)

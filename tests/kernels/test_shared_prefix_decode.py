@@ -87,3 +87,13 @@ def test_plan_is_rebuilt_when_the_block_table_changes_in_place():
     torch.testing.assert_close(second[0], dense(q[0], keys[1], values[1], 0.125),
                                atol=2e-5, rtol=1e-4)
     assert not torch.allclose(first[0], second[0])
+
+
+def test_twin_works_inside_and_then_outside_inference_mode():
+    """The engine calls the twin under inference mode; other callers may not. Reused scratch
+    buffers must serve both, in either order."""
+    q, kc, vc, bt, sl, qsl, keys, values = shared_prefix_batch(4, 3, [5, 6, 7, 8])
+    with torch.inference_mode():
+        inside = paged_attention(q, kc, vc, bt, sl, qsl, 0.125, impl="torch")
+    outside = paged_attention(q, kc, vc, bt, sl, qsl, 0.125, impl="torch")
+    torch.testing.assert_close(inside, outside)
