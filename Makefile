@@ -20,8 +20,8 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/quern run examples/requests.jsonl -o examples/results.jsonl
-	@echo "--- examples/results.jsonl (custom_id: text) ---"
-	@$(PY) -c "import json,sys;[print(r['custom_id']+':', (r['response']['body']['choices'][0].get('message',{}).get('content') if r['response'] and 'message' in r['response']['body']['choices'][0] else r['response']['body']['choices'][0]['text'] if r['response'] else r['error'])) for r in map(json.loads, open('examples/results.jsonl'))]"
+	@echo "--- examples/results.jsonl (custom_id[choice]: text) ---"
+	@$(PY) examples/show_results.py examples/results.jsonl
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q

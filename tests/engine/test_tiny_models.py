@@ -42,3 +42,20 @@ def test_logits_match_hf_model(tiny_engine, kind, length):
     split = length // 2
     pieces = engine_logits(engine, prompt, [split] + [1] * (length - split))
     torch.testing.assert_close(pieces, expected, atol=1e-4, rtol=0)
+
+
+def test_bfloat16_model_on_cpu_keeps_a_float32_kv_cache_and_close_logits(byte_tokenizer):
+    from engine import EngineConfig, LLMEngine
+    from tests.conftest import tiny_hf_model
+
+    model = tiny_hf_model("llama")
+    prompt = list(range(3, 40))
+    logits = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        engine = LLMEngine(model.config, model.state_dict(), byte_tokenizer,
+                           EngineConfig(num_kv_blocks=16), dtype=dtype)
+        assert engine.runner.kv_caches[0][0].dtype == torch.float32
+        logits[dtype] = engine_logits(engine, prompt, [20, 17])
+    reference = logits[torch.float32]
+    error = (logits[torch.bfloat16] - reference).abs().max() / reference.abs().max()
+    assert error < 0.02  # bfloat16 keeps about 3 significant digits
