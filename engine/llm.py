@@ -50,13 +50,17 @@ class LLM:
         for i, (prompt, params) in enumerate(zip(prompts, sampling_params, strict=True)):
             request_id = str(self._next_id)
             self._next_id += 1
-            num_prompt = self.engine.add_request(
-                request_id, prompt, params, priority=priority[i] if priority else 0)
+            try:
+                self.engine.add_request(
+                    request_id, prompt, params, priority=priority[i] if priority else 0)
+            except ValueError:
+                for added in order:  # all or nothing: the engine keeps none of this call
+                    self.engine.abort(added, report=False)
+                raise
             order.append(request_id)
             results[request_id] = RequestOutput(
                 request_id, self.engine.requests[request_id][0].prompt_token_ids,
                 [CompletionOutput(index) for index in range(params.n)])
-            assert len(results[request_id].prompt_token_ids) == num_prompt
         bar = tqdm(total=len(order), disable=not use_tqdm, desc="generate")
         while self.engine.has_unfinished_requests():
             for inc in self.engine.step():

@@ -136,8 +136,9 @@ class LLMEngine:
                 f"{wanted} to generate) but the KV cache holds at most {capacity}")
         return wanted
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request wherever it is; the next step reports it with finish_reason "abort"."""
+    def abort(self, request_id: str, report: bool = True) -> bool:
+        """Stop a request wherever it is; unless ``report`` is False, the next step reports it
+        with finish_reason "abort"."""
         children = self.requests.pop(request_id, None)
         if children is None:
             return False
@@ -145,7 +146,8 @@ class LLMEngine:
             if not req.is_finished:
                 self.scheduler.finish(req)
                 req.finish_reason = "abort"
-                self.pending.append(self._increment(req, [], None))
+                if report:
+                    self.pending.append(self._increment(req, [], None))
         return True
 
     def has_unfinished_requests(self) -> bool:

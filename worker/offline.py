@@ -167,7 +167,7 @@ class _Runner:
         request_id = uuid.uuid4().hex
         try:
             params = sampling_params_from_body(line.body)
-            num_prompt = self.engine.add_request(request_id, line.body.prompt_input(), params)
+            self.engine.add_request(request_id, line.body.prompt_input(), params)
         except PromptTooLongError as exc:
             self._fail(out, BatchLineError(line_no, exc.code, str(exc), "body", line.custom_id))
             return False
@@ -176,7 +176,6 @@ class _Runner:
                                            line.custom_id))
             return False
         prompt_ids = self.engine.requests[request_id][0].prompt_token_ids
-        assert len(prompt_ids) == num_prompt
         self.in_flight[request_id] = _InFlight(
             line, RequestOutput(request_id, prompt_ids,
                                 [CompletionOutput(i) for i in range(params.n)]), now())

@@ -90,3 +90,14 @@ def test_abort_reports_abort_and_frees_blocks(tiny_engine):
     assert (inc.request_id, inc.finished, inc.finish_reason) == ("x", True, "abort")
     assert engine.block_manager.num_free_blocks == 64
     assert not engine.has_unfinished_requests()
+
+
+def test_generate_with_one_bad_prompt_raises_and_leaves_the_engine_empty(tiny_engine):
+    engine, _ = tiny_engine("llama", num_kv_blocks=64, max_model_len=32)
+    llm = LLM.from_engine(engine)
+    with pytest.raises(PromptTooLongError):
+        llm.generate(["the quick", list(range(40)), "the lazy"], GREEDY)
+    assert not engine.has_unfinished_requests()
+    assert engine.block_manager.num_free_blocks == 64
+    (out,) = llm.generate(["the quick"], SamplingParams(temperature=0.0, max_tokens=3))
+    assert len(out.token_ids) == 3
