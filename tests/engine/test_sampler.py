@@ -104,7 +104,7 @@ def test_top_p_keeps_the_smallest_head_reaching_p():
             expected.add(t)
             mass += probs[t]
         assert kept(got[row]) == expected, row
-    assert 1 < len(kept(got[1])) < VOCAB and len(kept(got[2])) == VOCAB  # a real cut
+    assert len(kept(got[1])) in range(2, VOCAB) and len(kept(got[2])) == VOCAB  # a real cut
 
 
 def test_min_p_drops_tokens_below_min_p_times_the_top_probability():
@@ -115,7 +115,7 @@ def test_min_p_drops_tokens_below_min_p_times_the_top_probability():
         probs = logits[row].softmax(dim=0)
         expected = {t for t in range(VOCAB) if probs[t] >= m * probs.max()}
         assert kept(got[row]) == expected, row
-    assert 1 < len(kept(got[0])) < VOCAB and len(kept(got[2])) == VOCAB  # a real cut
+    assert len(kept(got[0])) in range(2, VOCAB) and len(kept(got[2])) == VOCAB  # a real cut
 
 
 def test_min_tokens_masks_eos_and_stop_token_ids_until_reached():

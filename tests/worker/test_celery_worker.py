@@ -230,7 +230,7 @@ def test_subscriber_gets_coalesced_deltas_adding_up_to_the_text_and_a_snapshot(
     assert offsets == sorted(offsets) and offsets[0] == 0
     assert messages[-1]["finish_reason"] == "length"
     assert {m["job_id"] for m in messages} == {job_id} and {m["index"] for m in messages} == {0}
-    assert 1 < len(messages) <= job.completion_tokens // 2  # coalesced, not one per token
+    assert len(messages) in range(2, job.completion_tokens // 2 + 1)  # coalesced, not one per token
     snapshot = json.loads(redis_client.get(snapshot_key(job_id)))
     assert snapshot["outputs"] == [{"index": 0, "text": job.output_text, "finished": True,
                                     "finish_reason": "length"}]
