@@ -13,6 +13,8 @@ from api.body_limit import BodyLimitMiddleware
 from api.errors import install_error_handlers
 from api.routes import batches, files, health, jobs
 from store.batches import run_maintenance
+from store.db import session_scope
+from store.reconcile import reconcile
 from store.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
@@ -24,6 +26,13 @@ def _maintenance_loop(settings: Settings, stop: threading.Event) -> None:
             run_maintenance(settings)
         except Exception:  # a failed sweep is retried on the next tick; never kill the thread
             log.exception("maintenance sweep failed")
+        try:  # SKIP LOCKED: every API process may run it; none sends a job another took
+            with session_scope(settings) as session:
+                report = reconcile(session, settings)
+            if report.resent:
+                log.warning("reconciler: %s", report.describe())
+        except Exception:
+            log.exception("reconciler pass failed")
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -75,6 +75,20 @@ def worker(
           max_num_seqs=max_num_seqs, kv_cache_memory_gb=kv_cache_gb)
 
 
+@app.command("reconcile")
+def reconcile_jobs() -> None:
+    """Re-send the messages of pending jobs that Redis lost (one pass; the API also runs it
+    every maintenance interval)."""
+    from store.db import session_scope
+    from store.reconcile import reconcile
+    from store.settings import get_settings
+
+    settings = get_settings()
+    with session_scope(settings) as session:
+        report = reconcile(session, settings)
+    typer.echo(report.describe())
+
+
 db_app = typer.Typer(no_args_is_help=True, help="Database schema migrations (Alembic).")
 app.add_typer(db_app, name="db")
 

@@ -164,6 +164,10 @@ class Job(Base):
                                                  server_default=func.now())
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # when a message for the job was last sent (or last seen waiting in Redis): the
+    # reconciler re-sends pending jobs whose message has been gone longer than a grace period
+    enqueued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True),
+                                                  server_default=func.now())
 
     __table_args__ = (
         Index("ix_jobs_tenant_seq", "tenant_id", "seq"),
@@ -173,5 +177,8 @@ class Job(Base):
               postgresql_where=text("idempotency_key IS NOT NULL")),
         # "is anything of this batch still pending?" after every result write
         Index("ix_jobs_batch_pending", "batch_id",
+              postgresql_where=text("status IN ('queued', 'running')")),
+        # the reconciler's "pending, and not sent for a while"
+        Index("ix_jobs_pending_enqueued", "enqueued_at",
               postgresql_where=text("status IN ('queued', 'running')")),
     )

@@ -30,7 +30,12 @@ class Settings(BaseSettings):
     file_chunk_bytes: int = 1 << 20
     max_job_attempts: int = 3  # deliveries before a job is failed (a request that kills workers)
     jobs_per_message: int = 64  # job ids per Celery message for bulk work
-    maintenance_interval_s: float = 30.0  # API sweep: expire batches, resume validation
+    maintenance_interval_s: float = 30.0  # API sweep: expire batches, resume validation,
+    # reconcile. A queued job whose message is not in Redis this long after it was sent is
+    # re-sent; a running one, this long past Celery's visibility timeout (its worker died).
+    requeue_after_s: float = 300.0
+    reclaim_margin_s: float = 600.0
+    reconcile_batch_size: int = 1000  # jobs locked and re-sent per transaction
 
 
 @lru_cache(maxsize=1)
