@@ -118,6 +118,20 @@ def _plan_decode(tokens: list[int], seqs: list[int], lens: list[int],
     return _DecodePlan(chunks, prefix_blocks, prefix_rows)
 
 
+def _gather_chunk(k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  chunk: _Chunk) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chunk's K and V as [n, num_slots, num_kv_heads, head_dim], slots past each sequence's
+    end zeroed (they may hold NaN, and 0 * NaN is NaN even under a -inf score)."""
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    n = chunk.token_rows.shape[0]
+    shape = (n, chunk.num_slots, num_kv_heads, head_dim)
+    k = _gather_blocks(k_cache, chunk.table, 0).view(shape)
+    v = _gather_blocks(v_cache, chunk.table, 1).view(shape)
+    k.view(n * chunk.num_slots, -1).index_fill_(0, chunk.hidden_rows, 0)
+    v.view(n * chunk.num_slots, -1).index_fill_(0, chunk.hidden_rows, 0)
+    return k, v
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
             scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """q [n, num_heads, head_dim] (one token each); k, v [n, slots, num_kv_heads, head_dim]
@@ -138,15 +152,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 def _decode(q: torch.Tensor, out: torch.Tensor, plan: _DecodePlan, k_cache: torch.Tensor,
             v_cache: torch.Tensor, scale: float) -> None:
     """Attends each planned decode token over its whole context and writes its row of out."""
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    _, _, num_kv_heads, head_dim = k_cache.shape
     parts = []
     for chunk in plan.chunks:
-        n = chunk.token_rows.shape[0]
-        shape = (n, chunk.num_slots, num_kv_heads, head_dim)
-        k = _gather_blocks(k_cache, chunk.table, 0).view(shape)
-        v = _gather_blocks(v_cache, chunk.table, 1).view(shape)
-        k.view(n * chunk.num_slots, -1).index_fill_(0, chunk.hidden_rows, 0)
-        v.view(n * chunk.num_slots, -1).index_fill_(0, chunk.hidden_rows, 0)
+        k, v = _gather_chunk(k_cache, v_cache, chunk)
         parts.append(_attend(q.index_select(0, chunk.token_rows), k, v, chunk.mask, scale))
     if plan.prefix_blocks is None:
         for chunk, (part, _) in zip(plan.chunks, parts, strict=True):
@@ -233,7 +242,7 @@ def paged_attention_torch(
             _decode(q, out, plan, k_cache, v_cache, scale)
         else:
             _decode_sdpa(q, out, [starts[s] for s in decode], decode, lens, k_cache, v_cache,
-                         block_tables, seq_lens, scale)
+                         block_tables, scale)
     for s in range(len(lens)):
         start, end = starts[s], starts[s + 1]
         if end - start > 1:
@@ -262,20 +271,14 @@ def _cached_plan(decode: list[int], starts: list[int], lens: list[int],
     return plan
 
 
-def _decode_sdpa(q, out, tokens, seqs, lens, k_cache, v_cache, block_tables, seq_lens,
-                 scale) -> None:
+def _decode_sdpa(q, out, tokens, seqs, lens, k_cache, v_cache, block_tables, scale) -> None:
     """Decode for what the CPU flash kernel does not take (16-bit, other devices): one
     masked SDPA per sequence chunk."""
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     slot_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
     plan = _plan_decode(tokens, seqs, lens, block_tables, block_size, slot_bytes, cascade=False)
     for chunk in plan.chunks:
-        n = chunk.token_rows.shape[0]
-        shape = (n, chunk.num_slots, num_kv_heads, head_dim)
-        k = _gather_blocks(k_cache, chunk.table, 0).view(shape)
-        v = _gather_blocks(v_cache, chunk.table, 1).view(shape)
-        k.view(n * chunk.num_slots, -1).index_fill_(0, chunk.hidden_rows, 0)
-        v.view(n * chunk.num_slots, -1).index_fill_(0, chunk.hidden_rows, 0)
+        k, v = _gather_chunk(k_cache, v_cache, chunk)
         part = F.scaled_dot_product_attention(
             q.index_select(0, chunk.token_rows).unsqueeze(2), k.transpose(1, 2),
             v.transpose(1, 2), attn_mask=chunk.mask, scale=scale, enable_gqa=True)
