@@ -31,6 +31,8 @@ class ModelRunner:
         model.load_hf_state_dict(state_dict)
         self.model = model.to(dtype).eval()
         self.model.cos_sin_cache = self.model.cos_sin_cache.float()  # rotary math in float32
+        if device.type == "cpu":
+            self.model.pack_for_cpu()
         self.max_model_len = max_model_len
         attn = self.model.layers[0].self_attn
         self.num_layers = len(self.model.layers)
@@ -45,8 +47,6 @@ class ModelRunner:
     def _cache_dtype(self) -> torch.dtype:
         if self.config.kv_cache_dtype != "auto":
             return getattr(torch, self.config.kv_cache_dtype)
-        if self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16):
-            return torch.float32
         return self.dtype
 
     def bytes_per_block(self) -> int:

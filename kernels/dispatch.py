@@ -49,6 +49,7 @@ def store_kv_cache(
     slot_mapping: torch.Tensor,
     *,
     impl: str | None = None,
+    step_cache: dict | None = None,
 ) -> None:
     """Write key/value [num_tokens, num_kv_heads, head_dim] into the paged caches
     [num_blocks, block_size, num_kv_heads, head_dim] at slot_mapping [num_tokens] (int32 or
@@ -58,7 +59,7 @@ def store_kv_cache(
 
         store_kv_cache_triton(key, value, k_cache, v_cache, slot_mapping)
     else:
-        store_kv_cache_torch(key, value, k_cache, v_cache, slot_mapping)
+        store_kv_cache_torch(key, value, k_cache, v_cache, slot_mapping, step_cache)
 
 
 def paged_attention(
@@ -74,6 +75,7 @@ def paged_attention(
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     split_k: bool | None = None,
+    step_cache: dict | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged context.
 
@@ -87,6 +89,8 @@ def paged_attention(
 
     max_query_len / max_seq_len are optional host-side hints that spare the Triton launcher a
     device-to-host sync; split_k forces (True) or forbids (False) the split-K decode path.
+    step_cache: a dict the caller passes to every call of one forward, whose metadata does not
+    change meanwhile; the torch twin keeps its per-step plan there (kernels/step_cache.py).
     """
     if use_triton(q, impl):
         from kernels.paged_attention_triton import paged_attention_triton
@@ -96,7 +100,7 @@ def paged_attention(
             max_query_len=max_query_len, max_seq_len=max_seq_len, split_k=split_k,
         )
     return paged_attention_torch(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, step_cache
     )
 
 
@@ -127,6 +131,7 @@ def rotary_embedding(
     cos_sin_cache: torch.Tensor,
     *,
     impl: str | None = None,
+    step_cache: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Neox-style rotary embedding (HF Llama's rotate_half) over the whole head_dim.
 
@@ -139,4 +144,4 @@ def rotary_embedding(
         from kernels.rotary_embedding_triton import rotary_embedding_triton
 
         return rotary_embedding_triton(positions, q, k, cos_sin_cache)
-    return rotary_embedding_torch(positions, q, k, cos_sin_cache)
+    return rotary_embedding_torch(positions, q, k, cos_sin_cache, step_cache)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.step_cache import derived
+
 # Gathered K+V bytes per decode chunk: well inside a server L3, the size that measured fastest
 # (64 seqs x 300 tokens, 3 KV heads of 64, fp32: 7.4 ms against 10.8 ms for one 33 MB gather
 # and 10.3 ms for 1 MB chunks).
@@ -68,11 +70,14 @@ class _DecodePlan:
     chunks: list[_Chunk]
     prefix_blocks: torch.Tensor | None  # block ids every decode sequence starts with
     prefix_rows: torch.Tensor | None  # rows of q/out of those sequences, in chunk order
+    # The step is these decode tokens alone, in order, in one chunk and with no shared
+    # prefix: q is the chunk's query as it stands and the attention is the output.
+    whole_batch: bool = False
 
 
 def _plan_decode(tokens: list[int], seqs: list[int], lens: list[int],
                  block_tables: torch.Tensor, block_size: int, slot_bytes: int,
-                 cascade: bool = True) -> _DecodePlan:
+                 cascade: bool = True, whole_batch: bool = False) -> _DecodePlan:
     device = block_tables.device
     table_rows = block_tables.index_select(0, torch.tensor(seqs, device=device)).long()
     # Blocks that every decode sequence shares (prefix caching hands one system prompt's
@@ -85,10 +90,14 @@ def _plan_decode(tokens: list[int], seqs: list[int], lens: list[int],
         if shared < CASCADE_MIN_BLOCKS:
             shared = 0
     offset = shared * block_size
-    order = sorted(range(len(seqs)), key=lambda i: lens[seqs[i]])
+    longest = max(lens[s] for s in seqs) - offset
+    whole_batch = (whole_batch and not shared
+                   and len(seqs) * longest * slot_bytes <= DECODE_CHUNK_BYTES)
+    order = (list(range(len(seqs))) if whole_batch
+             else sorted(range(len(seqs)), key=lambda i: lens[seqs[i]]))
     chunks, first = [], 0
     while first < len(order):
-        last = first + 1
+        last = len(order) if whole_batch else first + 1
         # Sorted ascending, so the chunk's padded length is its last sequence's length.
         while last < len(order):
             padded_bytes = (last + 1 - first) * (lens[seqs[order[last]]] - offset) * slot_bytes
@@ -115,7 +124,7 @@ def _plan_decode(tokens: list[int], seqs: list[int], lens: list[int],
         first = last
     prefix_blocks = table_rows[0, :shared] if shared else None
     prefix_rows = torch.cat([c.token_rows for c in chunks]) if shared else None
-    return _DecodePlan(chunks, prefix_blocks, prefix_rows)
+    return _DecodePlan(chunks, prefix_blocks, prefix_rows, whole_batch)
 
 
 def _gather_chunk(k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -226,60 +235,73 @@ def paged_attention_torch(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    step_cache: dict | None = None,
 ) -> torch.Tensor:
     """Same contract as kernels.paged_attention: q [num_tokens, num_heads, head_dim];
     caches [num_blocks, block_size, num_kv_heads, head_dim], whose first dim must be
     index_select-able; block_tables [num_seqs, max_blocks]; seq_lens [num_seqs];
     query_start_loc [num_seqs + 1]. Index tensors may be int32 or int64, on q's device.
-    Returns a new [num_tokens, num_heads, head_dim] tensor in q's dtype."""
-    starts = query_start_loc.tolist()
-    lens = seq_lens.tolist()
+    Returns a new [num_tokens, num_heads, head_dim] tensor in q's dtype. step_cache: see
+    kernels/step_cache.py."""
+    flash = q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16)
+    _, block_size, num_kv_heads, head_dim = k_cache.shape
+    slot_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
+    # The plan depends only on the metadata (and the cache's geometry): the first layer of a
+    # forward builds it, the others reuse it.
+    step = derived(step_cache, ("paged_attention", block_size, slot_bytes, flash),
+                   lambda: _plan_step(block_tables, seq_lens, query_start_loc, block_size,
+                                      slot_bytes, flash))
+    decode = step.decode
+    if decode is not None and decode.whole_batch:
+        # Every token is a decode token, in one chunk, in order: the attention is the output.
+        chunk = decode.chunks[0]
+        k, v = _gather_chunk(k_cache, v_cache, chunk)
+        if flash:
+            return _attend(q, k, v, chunk.mask, scale)[0].to(q.dtype)
+        return _attend_sdpa(q, k, v, chunk.mask, scale)
     out = torch.empty_like(q)
-    decode = [s for s in range(len(lens)) if starts[s + 1] - starts[s] == 1]
-    if decode:
-        if q.device.type == "cpu" and q.dtype == torch.float32:
-            plan = _cached_plan(decode, starts, lens, block_tables, k_cache)
-            _decode(q, out, plan, k_cache, v_cache, scale)
+    if decode is not None:
+        if flash:
+            _decode(q, out, decode, k_cache, v_cache, scale)
         else:
-            _decode_sdpa(q, out, [starts[s] for s in decode], decode, lens, k_cache, v_cache,
-                         block_tables, scale)
-    for s in range(len(lens)):
-        start, end = starts[s], starts[s + 1]
-        if end - start > 1:
-            out[start:end] = _prefill(
-                q[start:end], k_cache, v_cache, block_tables[s], lens[s], scale
-            )
+            for chunk in decode.chunks:
+                k, v = _gather_chunk(k_cache, v_cache, chunk)
+                out.index_copy_(0, chunk.token_rows,
+                                _attend_sdpa(q.index_select(0, chunk.token_rows), k, v,
+                                             chunk.mask, scale))
+    for start, end, seq_len, s in step.prefills:
+        out[start:end] = _prefill(q[start:end], k_cache, v_cache, block_tables[s], seq_len,
+                                  scale)
     return out
 
 
-def _cached_plan(decode: list[int], starts: list[int], lens: list[int],
-                 block_tables: torch.Tensor, k_cache: torch.Tensor) -> _DecodePlan:
-    """The step's decode plan, built by its first layer and reused by the others: every layer
-    of a forward passes the very same metadata tensors."""
-    key = (tuple(starts), tuple(lens), k_cache.shape[1:])
-    cached = getattr(_scratch, "plan", None)
-    # Compared by content, not identity: a table changed in place must not reuse a stale plan,
-    # and comparing a few hundred ints is cheap next to rebuilding.
-    if (cached is not None and cached[0] == key and cached[1].shape == block_tables.shape
-            and torch.equal(cached[1], block_tables)):
-        return cached[2]
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
-    slot_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
-    plan = _plan_decode([starts[s] for s in decode], decode, lens, block_tables, block_size,
-                        slot_bytes)
-    _scratch.plan = (key, block_tables.clone(), plan)
-    return plan
+@dataclass
+class _StepPlan:
+    decode: _DecodePlan | None
+    prefills: list[tuple[int, int, int, int]]  # (first token, end token, seq_len, seq)
 
 
-def _decode_sdpa(q, out, tokens, seqs, lens, k_cache, v_cache, block_tables, scale) -> None:
-    """Decode for what the CPU flash kernel does not take (16-bit, other devices): one
-    masked SDPA per sequence chunk."""
-    _, block_size, num_kv_heads, head_dim = k_cache.shape
-    slot_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
-    plan = _plan_decode(tokens, seqs, lens, block_tables, block_size, slot_bytes, cascade=False)
-    for chunk in plan.chunks:
-        k, v = _gather_chunk(k_cache, v_cache, chunk)
-        part = F.scaled_dot_product_attention(
-            q.index_select(0, chunk.token_rows).unsqueeze(2), k.transpose(1, 2),
-            v.transpose(1, 2), attn_mask=chunk.mask, scale=scale, enable_gqa=True)
-        out.index_copy_(0, chunk.token_rows, part.squeeze(2))
+def _plan_step(block_tables: torch.Tensor, seq_lens: torch.Tensor,
+               query_start_loc: torch.Tensor, block_size: int, slot_bytes: int,
+               flash: bool) -> _StepPlan:
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    decode = [s for s in range(len(lens)) if starts[s + 1] - starts[s] == 1]
+    prefills = [(starts[s], starts[s + 1], lens[s], s) for s in range(len(lens))
+                if starts[s + 1] - starts[s] > 1]
+    plan = None
+    if decode:
+        # The shared-prefix merge needs the flash kernel's logsumexp.
+        plan = _plan_decode([starts[s] for s in decode], decode, lens, block_tables,
+                            block_size, slot_bytes, cascade=flash,
+                            whole_batch=not prefills and starts[-1] == len(decode))
+    return _StepPlan(plan, prefills)
+
+
+def _attend_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                 scale: float) -> torch.Tensor:
+    """Decode attention for what the CPU flash path is not used for (float16, other devices):
+    q [n, num_heads, head_dim]; k, v [n, slots, num_kv_heads, head_dim]."""
+    return F.scaled_dot_product_attention(
+        q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, scale=scale,
+        enable_gqa=True).squeeze(2)

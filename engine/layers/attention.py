@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +22,9 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     kernels: str | None = None
+    # What the kernels derive from this metadata once per forward (kernels/step_cache.py);
+    # valid while these tensors are unchanged, so each step makes new metadata.
+    step_cache: dict = field(default_factory=dict)
 
 
 def paged_attention_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -34,8 +37,10 @@ def paged_attention_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     dtype = q.dtype
     if k_cache.dtype != dtype:  # e.g. a float32 cache under a bfloat16 model on the CPU
         q, k, v = q.to(k_cache.dtype), k.to(k_cache.dtype), v.to(k_cache.dtype)
-    store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, impl=meta.kernels)
+    store_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping, impl=meta.kernels,
+                   step_cache=meta.step_cache)
     out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                           meta.query_start_loc, scale, impl=meta.kernels,
-                          max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len)
+                          max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
+                          step_cache=meta.step_cache)
     return out.to(dtype)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import AttentionMetadata, paged_attention_layer
+from engine.layers.linear import Linear, can_pack, pack_linears, pack_weight, packed_linear
 from kernels import build_cos_sin_cache, rms_norm, rotary_embedding
 
 
@@ -46,8 +47,8 @@ class LlamaAttention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
         bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         self.qk_norm = config.model_type == "qwen3"
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels)
@@ -62,7 +63,8 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
-        q, k = rotary_embedding(positions, q, k, cos_sin_cache, impl=meta.kernels)
+        q, k = rotary_embedding(positions, q, k, cos_sin_cache, impl=meta.kernels,
+                                step_cache=meta.step_cache)
         out = paged_attention_layer(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -72,8 +74,8 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.intermediate = config.intermediate_size
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
-        self.down_proj = nn.Linear(self.intermediate, config.hidden_size, bias=bias)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * self.intermediate, bias=bias)
+        self.down_proj = Linear(self.intermediate, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -109,8 +111,9 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
+        self.tied_head_packed: torch.Tensor | None = None
         self.init_rope(max_position)
 
     def init_rope(self, max_position: int) -> None:
@@ -122,9 +125,14 @@ class LlamaForCausalLM(nn.Module):
             return
         self.cos_sin_cache = build_cos_sin_cache(head_dim, max_position, theta, scaling).to(device)
 
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+    def pack_for_cpu(self) -> int:
+        """Lay the linear weights out for oneDNN once (engine/layers/linear.py); a tied LM
+        head gets a packed copy, the embedding keeps its rows. Returns how many were packed."""
+        count = pack_linears(self)
+        if self.tie_word_embeddings and can_pack(self.embed_tokens.weight):
+            self.tied_head_packed = pack_weight(self.embed_tokens.weight)
+            count += 1
+        return count
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] after the final norm."""
@@ -137,7 +145,11 @@ class LlamaForCausalLM(nn.Module):
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head_weight).float()
+        if not self.tie_word_embeddings:
+            return self.lm_head(hidden).float()
+        if self.tied_head_packed is not None:
+            return packed_linear(hidden, self.tied_head_packed).float()
+        return F.linear(hidden, self.embed_tokens.weight).float()
 
     @torch.no_grad()
     def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:

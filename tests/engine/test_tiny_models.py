@@ -44,18 +44,21 @@ def test_logits_match_hf_model(tiny_engine, kind, length):
     torch.testing.assert_close(pieces, expected, atol=1e-4, rtol=0)
 
 
-def test_bfloat16_model_on_cpu_keeps_a_float32_kv_cache_and_close_logits(byte_tokenizer):
+@pytest.mark.parametrize("kv_cache_dtype,expected", [("auto", torch.bfloat16),
+                                                      ("float32", torch.float32)])
+def test_bfloat16_model_on_cpu_gives_close_logits(byte_tokenizer, kv_cache_dtype, expected):
     from engine import EngineConfig, LLMEngine
     from tests.conftest import tiny_hf_model
 
     model = tiny_hf_model("llama")
     prompt = list(range(3, 40))
-    logits = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        engine = LLMEngine(model.config, model.state_dict(), byte_tokenizer,
-                           EngineConfig(num_kv_blocks=16), dtype=dtype)
-        assert engine.runner.kv_caches[0][0].dtype == torch.float32
-        logits[dtype] = engine_logits(engine, prompt, [20, 17])
-    reference = logits[torch.float32]
-    error = (logits[torch.bfloat16] - reference).abs().max() / reference.abs().max()
-    assert error < 0.05  # bfloat16 weights and activations keep about 3 significant digits
+    chunks = [20, 10] + [1] * 7  # prefill, chunked prefill, then decode over the cache
+    reference = engine_logits(
+        LLMEngine(model.config, model.state_dict(), byte_tokenizer,
+                  EngineConfig(num_kv_blocks=16), dtype=torch.float32), prompt, chunks)
+    engine = LLMEngine(model.config, model.state_dict(), byte_tokenizer,
+                       EngineConfig(num_kv_blocks=16, kv_cache_dtype=kv_cache_dtype),
+                       dtype=torch.bfloat16)
+    assert engine.runner.kv_caches[0][0].dtype == expected
+    error = (engine_logits(engine, prompt, chunks) - reference).abs().max()
+    assert error / reference.abs().max() < 0.05  # bfloat16 keeps about 3 significant digits

@@ -106,3 +106,22 @@ def test_triton_rotary_reads_strided_views(device):
     got_q, got_k = kernels.rotary_embedding(positions, q, k, cache, impl="triton")
     torch.testing.assert_close(got_q, want_q, atol=1e-5, rtol=0)
     torch.testing.assert_close(got_k, want_k, atol=1e-5, rtol=0)
+
+
+def test_torch_twin_equals_hf_bit_for_bit_and_reuses_its_step_cache():
+    head_dim, base = 64, 10000.0
+    gen = torch.Generator().manual_seed(1)
+    positions = torch.randint(0, MAX_POSITION, (7,), generator=gen)
+    cache = kernels.build_cos_sin_cache(head_dim, MAX_POSITION, base, None)
+    cos, sin = hf_rotary(head_dim, base, None)(torch.zeros(1, 1, head_dim), positions[None])
+    step: dict = {}
+    for layer in range(3):  # one step cache for every layer of a forward
+        q = torch.randn(7, 6, head_dim, generator=gen)
+        k = torch.randn(7, 2, head_dim, generator=gen)
+        q_out, k_out = kernels.rotary_embedding(positions, q, k, cache, impl="torch",
+                                                step_cache=step)
+        q_ref, k_ref = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                            cos, sin)
+        assert torch.equal(q_out, q_ref[0].transpose(0, 1))
+        assert torch.equal(k_out, k_ref[0].transpose(0, 1))
+    assert list(step) == ["rotary"]

@@ -77,16 +77,42 @@ def test_too_short_a_shared_prefix_takes_the_plain_path():
                                    atol=2e-5, rtol=1e-4)
 
 
-def test_plan_is_rebuilt_when_the_block_table_changes_in_place():
+def test_step_cache_plans_once_per_forward_and_a_new_step_plans_again(monkeypatch):
+    import kernels.paged_attention_torch as twin
+
     q, kc, vc, bt, sl, qsl, keys, values = shared_prefix_batch(4, 3, [5, 6, 7, 8])
-    first = paged_attention(q, kc, vc, bt, sl, qsl, 0.125, impl="torch")
-    # Swap two sequences' tables in place: a stale plan would keep the old rows.
+    builds = []
+    real = twin._plan_step
+    monkeypatch.setattr(twin, "_plan_step", lambda *a: builds.append(1) or real(*a))
+    step: dict = {}
+    first = [paged_attention(q, kc, vc, bt, sl, qsl, 0.125, impl="torch", step_cache=step)
+             for _ in range(3)]  # three "layers" of one forward
+    assert len(builds) == 1
+    torch.testing.assert_close(first[0], first[2], atol=0, rtol=0)
+    # The next step swaps two sequences' tables; its fresh cache must not serve the old plan.
     bt[[0, 1]] = bt[[1, 0]]
     sl[[0, 1]] = sl[[1, 0]]
-    second = paged_attention(q, kc, vc, bt, sl, qsl, 0.125, impl="torch")
+    second = paged_attention(q, kc, vc, bt, sl, qsl, 0.125, impl="torch", step_cache={})
+    assert len(builds) == 2
     torch.testing.assert_close(second[0], dense(q[0], keys[1], values[1], 0.125),
                                atol=2e-5, rtol=1e-4)
-    assert not torch.allclose(first[0], second[0])
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2),
+                                        (torch.float16, 5e-3)])
+@pytest.mark.parametrize("suffix_lens", [[3, 40, 17], [1, 5, 16, 17, 40, 3]])
+def test_decode_in_16_bits_matches_dense(dtype, atol, suffix_lens):
+    """Three sequences take the whole-batch path (no cascade below CASCADE_MIN_SEQS), six the
+    cascade; bfloat16 runs the CPU flash kernel, float16 the masked SDPA."""
+    q, kc, vc, bt, sl, qsl, keys, values = shared_prefix_batch(len(suffix_lens), 3,
+                                                               suffix_lens)
+    out = paged_attention(q.to(dtype), kc.to(dtype), vc.to(dtype), bt, sl, qsl, 0.125,
+                          impl="torch")
+    assert out.dtype == dtype
+    for s in range(len(suffix_lens)):
+        expected = dense(q[s].to(dtype).float(), keys[s].to(dtype).float(),
+                         values[s].to(dtype).float(), 0.125)
+        torch.testing.assert_close(out[s].float(), expected, atol=atol, rtol=0)
 
 
 def test_twin_works_inside_and_then_outside_inference_mode():

@@ -60,3 +60,16 @@ def test_triton_launcher_rejects_mismatched_shapes(device):
         kernels.store_kv_cache(key, value, k_cache, v_cache, slots[:-1], impl="triton")
     with pytest.raises(ValueError, match="differ from the caches"):
         kernels.store_kv_cache(key.half(), value.half(), k_cache, v_cache, slots, impl="triton")
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_one_step_cache_serves_every_layer(impl, device):
+    """The engine passes one step cache to all layers of a forward: each layer's cache gets
+    the same slots written, skipped tokens included."""
+    key, value, k_cache, v_cache, slots = scatter_case(torch.float32, torch.int64, device)
+    layers = [(k_cache.clone(), v_cache.clone()) for _ in range(3)]
+    want_k = expected_cache(k_cache, key, slots)
+    step: dict = {}
+    for layer_k, layer_v in layers:
+        kernels.store_kv_cache(key, value, layer_k, layer_v, slots, impl=impl, step_cache=step)
+        assert torch.equal(layer_k, want_k)
