@@ -6,6 +6,11 @@ sequences. Sequences are sorted by length so a chunk pads little, and a chunk's 
 is kept small enough to still sit in the CPU cache when SDPA reads it. Sequences with several
 new tokens (prefill, chunked prefill) get one SDPA call each, causal with the cached prefix in
 front.
+
+What depends only on the step's metadata (the host copies of the lengths, the chunks, their
+masks) is planned by the first layer and kept in the caller's step cache for the other layers
+(kernels/step_cache.py). A step of a few decode sequences and nothing else, the long tail of a
+batch, is one gather and one SDPA call per layer, with no reordering of rows.
 """
 
 from __future__ import annotations
