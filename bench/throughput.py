@@ -156,22 +156,32 @@ def child(args) -> None:
 
 
 def spawn(args, system: str, dtype: str, batch_size: int = 0) -> dict:
-    """Run one system in a fresh subprocess, --repeat times; keep its fastest run. Every
-    system gets the same number of tries, so a noisy machine favours none of them."""
+    """Run one system once, in a fresh subprocess."""
     cmd = [sys.executable, __file__, "--child", system, "--requests", str(args.requests),
            "--seed", str(args.seed), "--dtype", dtype, "--batch-size", str(batch_size)]
-    runs = []
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"{system} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(line[7:])
+    result["tokens_per_s"] = result["tokens"] / result["seconds"]
+    result["dtype"] = dtype
+    return result
+
+
+def run_all(args, systems: list[tuple[str, str, str, int]]) -> list[dict]:
+    """Each (label, system, dtype, batch size) --repeat times, keeping its fastest run. The
+    repeats go round-robin over the systems, so a slow stretch of a noisy machine lands on
+    every system alike rather than on whichever ran then."""
+    runs: list[list[dict]] = [[] for _ in systems]
     for _ in range(args.repeat):
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            raise RuntimeError(f"{system} failed:\n{proc.stderr[-3000:]}")
-        result = json.loads(line[7:])
-        result["tokens_per_s"] = result["tokens"] / result["seconds"]
-        result["dtype"] = dtype
-        runs.append(result)
-    best = max(runs, key=lambda r: r["tokens_per_s"])
-    best["all_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in runs]
+        for i, (_, system, dtype, batch_size) in enumerate(systems):
+            runs[i].append(spawn(args, system, dtype, batch_size))
+    best = []
+    for tries in runs:
+        fastest = max(tries, key=lambda r: r["tokens_per_s"])
+        fastest["all_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in tries]
+        best.append(fastest)
     return best
 
 
@@ -200,16 +210,19 @@ def main() -> None:
           f"{min(n for _, n in items)}-{max(n for _, n in items)} (sum "
           f"{sum(n for _, n in items)}), greedy, ignore_eos; {os.cpu_count()} CPUs, "
           f"torch threads {torch_threads()}", flush=True)
-    engine = spawn(args, "engine", args.dtype)
-    rows = [("quern engine", engine)]
-    static, cbs = [], []
+    systems = [("quern engine", "engine", args.dtype, 0)]
     for dtype in args.baseline_dtypes.split(","):
         for b in args.static_batch_sizes.split(","):
-            static.append(spawn(args, "hf-static", dtype, int(b)))
-            rows.append((f"transformers generate, static batch {b}", static[-1]))
+            systems.append((f"transformers generate, static batch {b}", "hf-static", dtype,
+                            int(b)))
         if not args.skip_cb:
-            cbs.append(spawn(args, "hf-cb", dtype))
-            rows.append(("transformers continuous batching (paged, sdpa)", cbs[-1]))
+            systems.append(("transformers continuous batching (paged, sdpa)", "hf-cb", dtype, 0))
+    results = run_all(args, systems)
+    rows = [(label, r) for (label, *_), r in zip(systems, results, strict=True)]
+    engine = results[0]
+    static = [r for (_, system, *_), r in zip(systems, results, strict=True)
+              if system == "hf-static"]
+    cbs = [r for (_, system, *_), r in zip(systems, results, strict=True) if system == "hf-cb"]
     for name, r in rows:
         tries = f"  (runs: {r['all_tokens_per_s']})" if args.repeat > 1 else ""
         print(f"{name:48s} {r['dtype']:>9s} {r['tokens']:6d} tok {r['seconds']:7.1f} s "
