@@ -14,6 +14,7 @@ subprocess (so its peak RSS is its own) on the same prompts:
 Throughput counts only the tokens the workload asked for. Usage:
     python bench/throughput.py [--requests 64] [--dtype bfloat16]
         [--baseline-dtypes float32,bfloat16] [--static-batch-sizes 32,64] [--repeat 1]
+        [--compile]
 """
 
 from __future__ import annotations
@@ -66,10 +67,12 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_engine(items, dtype: str) -> dict:
+def run_engine(items, dtype: str, compile_model: bool = False) -> dict:
     from engine import LLM, SamplingParams
 
-    llm = LLM("smollm2", dtype=dtype, max_num_seqs=len(items))
+    started = time.perf_counter()
+    llm = LLM("smollm2", dtype=dtype, max_num_seqs=len(items), compile_model=compile_model)
+    startup = time.perf_counter() - started
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in items]
     start = time.perf_counter()
     outs = llm.generate([m for m, _ in items], params)
@@ -78,7 +81,7 @@ def run_engine(items, dtype: str) -> dict:
     return {"tokens": sum(len(o.token_ids) for o in outs), "seconds": elapsed,
             "prompt_tokens": stats["prompt_tokens_total"],
             "prefill_tokens_computed": stats["prompt_tokens_computed"],
-            "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"]}
+            "prefix_cache_hit_rate": stats["prefix_cache_hit_rate"], "startup_s": startup}
 
 
 def load_hf(dtype: str, attn: str):
@@ -146,7 +149,7 @@ def run_hf_cb(items, dtype: str) -> dict:
 def child(args) -> None:
     items = workload(args.requests, args.seed)
     if args.system == "engine":
-        result = run_engine(items, args.dtype)
+        result = run_engine(items, args.dtype, args.compile)
     elif args.system == "hf-static":
         result = run_hf_static(items, args.dtype, args.batch_size)
     else:
@@ -159,6 +162,8 @@ def spawn(args, system: str, dtype: str, batch_size: int = 0) -> dict:
     """Run one system once, in a fresh subprocess."""
     cmd = [sys.executable, __file__, "--child", system, "--requests", str(args.requests),
            "--seed", str(args.seed), "--dtype", dtype, "--batch-size", str(batch_size)]
+    if args.compile and system == "engine":
+        cmd.append("--compile")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
@@ -197,6 +202,8 @@ def main() -> None:
     parser.add_argument("--skip-cb", action="store_true", help="skip transformers' CB")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs per system, the fastest kept (the same for every system)")
+    parser.add_argument("--compile", action="store_true",
+                        help="the engine with compile_model=True (compiled before timing)")
     parser.add_argument("--child", choices=["engine", "hf-static", "hf-cb"])
     parser.add_argument("--batch-size", type=int, default=0)
     args = parser.parse_args()
@@ -227,6 +234,8 @@ def main() -> None:
         tries = f"  (runs: {r['all_tokens_per_s']})" if args.repeat > 1 else ""
         print(f"{name:48s} {r['dtype']:>9s} {r['tokens']:6d} tok {r['seconds']:7.1f} s "
               f"{r['tokens_per_s']:7.1f} tok/s  peak RSS {r['peak_rss_mb']:6.0f} MB{tries}")
+    print(f"engine start-up (load{', compile' if args.compile else ''}): "
+          f"{engine['startup_s']:.0f} s, not timed")
     print(f"engine prefill: {engine['prefill_tokens_computed']} prompt tokens computed of "
           f"{engine['prompt_tokens']} ({engine['prefix_cache_hit_rate']:.0%} prefix-cache hits)")
     best = max(static, key=lambda r: r["tokens_per_s"])

@@ -25,6 +25,10 @@ class EngineConfig:
     # "auto": the model's dtype. A float32 cache under a 16-bit model is allowed (attention
     # then runs in float32) but on the CPU bfloat16 reads half the bytes and is faster.
     kv_cache_dtype: str = "auto"
+    # torch.compile the model's forward (attention stays eager behind an opaque op), compiled
+    # at start-up for one and for many tokens: measured 15% faster steps on a 2-core CPU, for
+    # one to three minutes of compiling there.
+    compile_model: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig
-from engine.layers.attention import AttentionMetadata
+from engine.layers.attention import AttentionMetadata, forward_context
 from engine.models.llama import SUPPORTED_MODEL_TYPES, LlamaForCausalLM
 from engine.sequence import Request
 
@@ -32,7 +32,8 @@ class ModelRunner:
         self.model = model.to(dtype).eval()
         self.model.cos_sin_cache = self.model.cos_sin_cache.float()  # rotary math in float32
         if device.type == "cpu":
-            self.model.pack_for_cpu()
+            # Compiled, inductor lays the layers' weights out itself (freezing).
+            self.model.pack_for_cpu(layers=not config.compile_model)
         self.max_model_len = max_model_len
         attn = self.model.layers[0].self_attn
         self.num_layers = len(self.model.layers)
@@ -43,6 +44,32 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=self.cache_dtype, device=device),
                            torch.zeros(shape, dtype=self.cache_dtype, device=device))
                           for _ in range(self.num_layers)]
+        self.forward = self._compile() if config.compile_model else self.model
+
+    def _compile(self):
+        """torch.compile the forward and compile it now rather than in the first steps: once
+        for one token and once for many (dynamic shapes specialize a size of 1)."""
+        # Imported here: importing inductor also imports Triton its own way, which breaks the
+        # Triton interpreter (TRITON_INTERPRET=1) for the rest of the process.
+        from torch._inductor import config as inductor_config
+
+        compiled = torch.compile(self.model.forward, dynamic=True, fullgraph=True)
+
+        def forward(ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+            with forward_context(meta), inductor_config.patch(freezing=True):
+                return compiled(ids, positions, kv_caches, meta)
+
+        for n in (1, 2):  # n tokens of one sequence in block 0, which nothing holds yet
+            meta = AttentionMetadata(
+                slot_mapping=torch.arange(n, device=self.device),
+                block_tables=torch.zeros(1, 1, dtype=torch.int32, device=self.device),
+                seq_lens=torch.tensor([n], dtype=torch.int32, device=self.device),
+                query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=self.device),
+                max_query_len=n, max_seq_len=n, kernels=self.kernels)
+            with torch.inference_mode():
+                ids = torch.zeros(n, dtype=torch.int64, device=self.device)
+                forward(ids, torch.arange(n, device=self.device), self.kv_caches, meta)
+        return forward
 
     def _cache_dtype(self) -> torch.dtype:
         if self.config.kv_cache_dtype != "auto":
@@ -151,5 +178,5 @@ class ModelRunner:
         """Run one forward; returns (logits [num_sampled, vocab] float32, sampled indices into
         ``scheduled``)."""
         ids, positions, meta, logits_indices, sampled = self.prepare(scheduled)
-        hidden = self.model(ids, positions, self.kv_caches, meta)
+        hidden = self.forward(ids, positions, self.kv_caches, meta)
         return self.model.compute_logits(hidden[logits_indices]), sampled

@@ -26,7 +26,9 @@ def rotary_embedding_torch(
     k [num_tokens, num_kv_heads, head_dim]; cos_sin_cache [max_position, head_dim] float32.
     Returns new (q, k) in their own dtypes; computed in float32. step_cache: see
     kernels/step_cache.py (the cos/sin rows of `positions` are looked up once per forward)."""
-    cos, sin = derived(step_cache, "rotary", lambda: _cos_sin(positions, cos_sin_cache))
+    # Compiled, the lookup is part of one graph for all layers; no host-side cache to keep.
+    cache = None if torch.compiler.is_compiling() else step_cache
+    cos, sin = derived(cache, "rotary", lambda: _cos_sin(positions, cos_sin_cache))
     half = q.shape[-1] // 2
     if q.dtype != k.dtype:
         return _rotate(q, cos, sin, half), _rotate(k, cos, sin, half)

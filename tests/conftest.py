@@ -45,6 +45,10 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def byte_tokenizer():
+    return make_byte_tokenizer()
+
+
+def make_byte_tokenizer():
     """A small byte-level BPE tokenizer trained in milliseconds, with an EOS token."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

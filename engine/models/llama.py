@@ -125,10 +125,14 @@ class LlamaForCausalLM(nn.Module):
             return
         self.cos_sin_cache = build_cos_sin_cache(head_dim, max_position, theta, scaling).to(device)
 
-    def pack_for_cpu(self) -> int:
+    def pack_for_cpu(self, layers: bool = True) -> int:
         """Lay the linear weights out for oneDNN once (engine/layers/linear.py); a tied LM
-        head gets a packed copy, the embedding keeps its rows. Returns how many were packed."""
-        count = pack_linears(self)
+        head gets a packed copy, the embedding keeps its rows. `layers=False` packs only the
+        LM head. Returns how many were packed."""
+        if layers:
+            count = pack_linears(self)
+        else:  # the untied head still runs outside any compiled graph
+            count = int(not self.tie_word_embeddings and self.lm_head.pack())
         if self.tie_word_embeddings and can_pack(self.embed_tokens.weight):
             self.tied_head_packed = pack_weight(self.embed_tokens.weight)
             count += 1

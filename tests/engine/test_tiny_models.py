@@ -19,9 +19,9 @@ def engine_logits(engine, prompt: list[int], chunks: list[int]) -> torch.Tensor:
     rows = []
     for n in chunks:
         assert bm.allocate(req, n)
-        ids, positions, meta, _, _ = runner.prepare([(req, n)])
-        with torch.inference_mode():
-            hidden = runner.model(ids, positions, runner.kv_caches, meta)
+        with torch.inference_mode():  # as ModelRunner.execute
+            ids, positions, meta, _, _ = runner.prepare([(req, n)])
+            hidden = runner.forward(ids, positions, runner.kv_caches, meta)
             rows.append(runner.model.compute_logits(hidden))
         req.num_computed_tokens += n
     bm.free(req)
