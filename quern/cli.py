@@ -24,6 +24,9 @@ def run(
     kv_cache_gb: float = typer.Option(1.0, "--kv-cache-gb"),
     window: int = typer.Option(256, "--window",
                                help="Requests held in the engine at once (bounds memory)."),
+    compile_model: bool = typer.Option(False, "--compile",
+                                       help="torch.compile the model first (minutes on a "
+                                            "small CPU; faster steps after)."),
 ) -> None:
     """Run a batch file offline through the engine, writing results as they finish."""
     from engine import ModelNotFoundError
@@ -32,7 +35,7 @@ def run(
     try:
         summary = run_batch_file(input, output, model=model, resume=resume, dtype=dtype,
                                  window=window, max_num_seqs=max_num_seqs,
-                                 kv_cache_memory_gb=kv_cache_gb)
+                                 kv_cache_memory_gb=kv_cache_gb, compile_model=compile_model)
     except (ModelNotFoundError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -65,6 +68,8 @@ def worker(
                                     help="Messages in flight at once (Celery threads)."),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs"),
     kv_cache_gb: float = typer.Option(1.0, "--kv-cache-gb", help="KV cache size on CPU."),
+    compile_model: bool = typer.Option(False, "--compile",
+                                       help="torch.compile the model at start-up."),
     log_level: str = typer.Option("INFO", "--log-level"),
 ) -> None:
     """Consume quern.MODEL.interactive then quern.MODEL.batch with one engine on one device."""
@@ -72,7 +77,8 @@ def worker(
 
     serve(model, device=device, dtype=dtype, concurrency=concurrency,
           served_model_name=served_model_name, loglevel=log_level,
-          max_num_seqs=max_num_seqs, kv_cache_memory_gb=kv_cache_gb)
+          max_num_seqs=max_num_seqs, kv_cache_memory_gb=kv_cache_gb,
+          compile_model=compile_model)
 
 
 @app.command("reconcile")
