@@ -227,9 +227,9 @@ def main() -> None:
     results = run_all(args, systems)
     rows = [(label, r) for (label, *_), r in zip(systems, results, strict=True)]
     engine = results[0]
-    static = [r for (_, system, *_), r in zip(systems, results, strict=True)
-              if system == "hf-static"]
-    cbs = [r for (_, system, *_), r in zip(systems, results, strict=True) if system == "hf-cb"]
+    kinds = [system for _, system, _, _ in systems]
+    static = [r for kind, r in zip(kinds, results, strict=True) if kind == "hf-static"]
+    cbs = [r for kind, r in zip(kinds, results, strict=True) if kind == "hf-cb"]
     for name, r in rows:
         tries = f"  (runs: {r['all_tokens_per_s']})" if args.repeat > 1 else ""
         print(f"{name:48s} {r['dtype']:>9s} {r['tokens']:6d} tok {r['seconds']:7.1f} s "
