@@ -25,9 +25,10 @@ class EngineConfig:
     # "auto": the model's dtype. A float32 cache under a 16-bit model is allowed (attention
     # then runs in float32) but on the CPU bfloat16 reads half the bytes and is faster.
     kv_cache_dtype: str = "auto"
-    # torch.compile the model's forward (attention stays eager behind an opaque op), compiled
-    # at start-up for one and for many tokens: measured 15% faster steps on a 2-core CPU, for
-    # one to three minutes of compiling there.
+    # torch.compile the model's forward (attention behind an opaque op, its CPU decode
+    # compiled on its own: kernels/paged_decode_compiled.py), compiled at start-up for one and
+    # for many tokens: measured 15% faster steps on a 2-core CPU, more with the decode kernel,
+    # for one to three minutes of compiling there.
     compile_model: bool = False
 
     def __post_init__(self) -> None:

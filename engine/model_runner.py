@@ -47,8 +47,8 @@ class ModelRunner:
         self.forward = self._compile() if config.compile_model else self.model
 
     def _compile(self):
-        """torch.compile the forward and compile it now rather than in the first steps: once
-        for one token and once for many (dynamic shapes specialize a size of 1)."""
+        """torch.compile the forward and compile it now rather than in the first steps (see
+        `_warm_up_steps`)."""
         # Imported here: importing inductor also imports Triton its own way, which breaks the
         # Triton interpreter (TRITON_INTERPRET=1) for the rest of the process.
         from torch._inductor import config as inductor_config
@@ -59,17 +59,35 @@ class ModelRunner:
             with forward_context(meta), inductor_config.patch(freezing=True):
                 return compiled(ids, positions, kv_caches, meta)
 
-        for n in (1, 2):  # n tokens of one sequence in block 0, which nothing holds yet
-            meta = AttentionMetadata(
-                slot_mapping=torch.arange(n, device=self.device),
-                block_tables=torch.zeros(1, 1, dtype=torch.int32, device=self.device),
-                seq_lens=torch.tensor([n], dtype=torch.int32, device=self.device),
-                query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=self.device),
-                max_query_len=n, max_seq_len=n, kernels=self.kernels)
-            with torch.inference_mode():
-                ids = torch.zeros(n, dtype=torch.int64, device=self.device)
-                forward(ids, torch.arange(n, device=self.device), self.kv_caches, meta)
+        # Twice: a graph's first run, part of compiling it, calls the decode kernel under
+        # another dispatch state than later runs do, and that state is in the kernel's guards.
+        with torch.inference_mode():
+            for meta in self._warm_up_steps() * 2:
+                ids, positions = (torch.zeros_like(meta.slot_mapping) for _ in range(2))
+                forward(ids, positions, self.kv_caches, meta)
         return forward
+
+    def _warm_up_steps(self) -> list[AttentionMetadata]:
+        """Steps that between them compile every graph: one token (dynamic shapes specialize a
+        size of 1), a two-token prefill, and decode tokens of 64 sequences whose contexts share
+        their first blocks (the CPU decode kernel's cascade graph). They read and write only
+        the first few blocks, which nothing holds yet at start-up."""
+        bs, device = self.block_size, self.device
+        shared = max(0, min(4, self.num_blocks - 1))
+
+        def meta(query_lens: list[int], table: list[int], seq_len: int) -> AttentionMetadata:
+            n = len(query_lens)
+            as_int = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
+            return AttentionMetadata(
+                slot_mapping=torch.arange(seq_len - sum(query_lens), seq_len, device=device)
+                if n == 1 else torch.full((n,), seq_len - 1, device=device),
+                block_tables=as_int([table] * n), seq_lens=as_int([seq_len] * n),
+                query_start_loc=as_int([0, *np.cumsum(query_lens).tolist()]),
+                max_query_len=max(query_lens), max_seq_len=seq_len, kernels=self.kernels,
+                compiled=True)
+
+        return [meta([1], [0], 1), meta([2], [0], 2),
+                meta([1] * 64, list(range(shared + 1)), shared * bs + 1)]
 
     def _cache_dtype(self) -> torch.dtype:
         if self.config.kv_cache_dtype != "auto":
@@ -159,6 +177,7 @@ class ModelRunner:
             max_query_len=int(counts.max()),
             max_seq_len=int(seq_lens.max()),
             kernels=self.kernels,
+            compiled=self.config.compile_model,
         )
         ids = torch.tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
         return ids, to_device(positions), meta, to_device(logits_indices), sampled

@@ -25,6 +25,8 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     kernels: str | None = None
+    # Decode attention through the inductor-compiled CPU kernel (an engine that compiles).
+    compiled: bool = False
     # What the kernels derive from this metadata once per forward (kernels/step_cache.py);
     # valid while these tensors are unchanged, so each step makes new metadata.
     step_cache: dict = field(default_factory=dict)
@@ -56,7 +58,7 @@ def _paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata,
     out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                           meta.query_start_loc, scale, impl=meta.kernels,
                           max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
-                          step_cache=meta.step_cache)
+                          step_cache=meta.step_cache, compiled=meta.compiled)
     return out.to(dtype)
 
 
