@@ -9,6 +9,8 @@ from engine.config import EngineConfig
 from engine.layers.attention import AttentionMetadata, forward_context
 from engine.models.llama import SUPPORTED_MODEL_TYPES, LlamaForCausalLM
 from engine.sequence import Request
+from kernels import use_triton
+from kernels.paged_decode_compiled import plan_paged_decode
 
 GIB = 1024 ** 3
 
@@ -44,6 +46,13 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=self.cache_dtype, device=device),
                            torch.zeros(shape, dtype=self.cache_dtype, device=device))
                           for _ in range(self.num_layers)]
+        # A compiled forward runs decode-only steps' attention in its graph, on the torch path.
+        self.decode_in_graph = (config.compile_model
+                                and not use_triton(self.kv_caches[0][0], self.kernels))
+        if config.compile_model:
+            for cache in (t for pair in self.kv_caches for t in pair):
+                for dim in (1, 2, 3):  # block size and head shape: constants in the graph
+                    torch._dynamo.mark_static(cache, dim)
         self.forward = self._compile() if config.compile_model else self.model
 
     def _compile(self):
@@ -52,42 +61,40 @@ class ModelRunner:
         # Imported here: importing inductor also imports Triton its own way, which breaks the
         # Triton interpreter (TRITON_INTERPRET=1) for the rest of the process.
         from torch._inductor import config as inductor_config
+        from torch.fx.experimental import _config as fx_config
 
         compiled = torch.compile(self.model.forward, dynamic=True, fullgraph=True)
 
         def forward(ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
-            with forward_context(meta), inductor_config.patch(freezing=True):
+            # No duck sizing: two sizes that happen to be equal while tracing (a batch of 3 and
+            # a table 3 blocks wide) must not become one symbol, and a recompile when they part.
+            with (forward_context(meta), inductor_config.patch(freezing=True),
+                  fx_config.patch(use_duck_shape=False)):
                 return compiled(ids, positions, kv_caches, meta)
 
-        # Twice: a graph's first run, part of compiling it, calls the decode kernel under
-        # another dispatch state than later runs do, and that state is in the kernel's guards.
         with torch.inference_mode():
-            for meta in self._warm_up_steps() * 2:
+            for meta in self._warm_up_steps():
                 ids, positions = (torch.zeros_like(meta.slot_mapping) for _ in range(2))
                 forward(ids, positions, self.kv_caches, meta)
         return forward
 
     def _warm_up_steps(self) -> list[AttentionMetadata]:
         """Steps that between them compile every graph: one token (dynamic shapes specialize a
-        size of 1), a two-token prefill, and decode tokens of 64 sequences whose contexts share
-        their first blocks (the CPU decode kernel's cascade graph). They read and write only
-        the first few blocks, which nothing holds yet at start-up."""
-        bs, device = self.block_size, self.device
+        size of 1), a two-token prefill, decode tokens of 2 sequences, and of 64 whose contexts
+        share their first blocks (the decode kernel's cascade). They read and write only the
+        first few blocks, which nothing holds yet at start-up."""
+        bs = self.block_size
         shared = max(0, min(4, self.num_blocks - 1))
 
-        def meta(query_lens: list[int], table: list[int], seq_len: int) -> AttentionMetadata:
+        def step(query_lens: list[int], table: list[int], seq_len: int) -> AttentionMetadata:
             n = len(query_lens)
-            as_int = lambda v: torch.tensor(v, dtype=torch.int32, device=device)  # noqa: E731
-            return AttentionMetadata(
-                slot_mapping=torch.arange(seq_len - sum(query_lens), seq_len, device=device)
-                if n == 1 else torch.full((n,), seq_len - 1, device=device),
-                block_tables=as_int([table] * n), seq_lens=as_int([seq_len] * n),
-                query_start_loc=as_int([0, *np.cumsum(query_lens).tolist()]),
-                max_query_len=max(query_lens), max_seq_len=seq_len, kernels=self.kernels,
-                compiled=True)
+            slots = (list(range(seq_len - query_lens[0], seq_len)) if n == 1
+                     else [seq_len - 1] * n)
+            return self._metadata(slots, np.array([table] * n), np.array([seq_len] * n),
+                                  np.array([0, *np.cumsum(query_lens)]))
 
-        return [meta([1], [0], 1), meta([2], [0], 2),
-                meta([1] * 64, list(range(shared + 1)), shared * bs + 1)]
+        return [step([1], [0], 1), step([2], [0], 2), step([1, 1], [0], 1),
+                step([1] * 64, list(range(shared + 1)), shared * bs + 1)]
 
     def _cache_dtype(self) -> torch.dtype:
         if self.config.kv_cache_dtype != "auto":
@@ -166,21 +173,29 @@ class ModelRunner:
                    if req.num_computed_tokens + n == req.num_tokens]
         logits_indices = query_start_loc[1:][sampled] - 1
 
-        def to_device(a: np.ndarray, dtype=torch.int64) -> torch.Tensor:
-            return torch.from_numpy(a).to(device=self.device, dtype=dtype, non_blocking=True)
+        meta = self._metadata(slot_mapping, block_tables, seq_lens, query_start_loc)
+        ids = torch.tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
+        return ids, self._to_device(positions), meta, self._to_device(logits_indices), sampled
 
+    def _to_device(self, a: np.ndarray, dtype=torch.int64) -> torch.Tensor:
+        return torch.from_numpy(a).to(device=self.device, dtype=dtype, non_blocking=True)
+
+    def _metadata(self, slot_mapping, block_tables: np.ndarray, seq_lens: np.ndarray,
+                  query_start_loc: np.ndarray) -> AttentionMetadata:
+        counts = np.diff(query_start_loc)
         meta = AttentionMetadata(
-            slot_mapping=to_device(slot_mapping),
-            block_tables=to_device(block_tables, torch.int32),
-            seq_lens=to_device(seq_lens, torch.int32),
-            query_start_loc=to_device(query_start_loc, torch.int32),
+            slot_mapping=self._to_device(np.asarray(slot_mapping)),
+            block_tables=self._to_device(block_tables, torch.int32),
+            seq_lens=self._to_device(seq_lens, torch.int32),
+            query_start_loc=self._to_device(query_start_loc, torch.int32),
             max_query_len=int(counts.max()),
             max_seq_len=int(seq_lens.max()),
             kernels=self.kernels,
-            compiled=self.config.compile_model,
         )
-        ids = torch.tensor(input_ids, dtype=torch.int64).to(self.device, non_blocking=True)
-        return ids, to_device(positions), meta, to_device(logits_indices), sampled
+        if self.decode_in_graph and counts.max() == 1:
+            meta.decode = plan_paged_decode(meta.block_tables, seq_lens.tolist(),
+                                            self.block_size)
+        return meta
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy whole KV blocks (copy on write for forked requests), in every layer."""

@@ -76,7 +76,6 @@ def paged_attention(
     max_seq_len: int | None = None,
     split_k: bool | None = None,
     step_cache: dict | None = None,
-    compiled: bool = False,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its whole paged context.
 
@@ -92,9 +91,6 @@ def paged_attention(
     device-to-host sync; split_k forces (True) or forbids (False) the split-K decode path.
     step_cache: a dict the caller passes to every call of one forward, whose metadata does not
     change meanwhile; the torch twin keeps its per-step plan there (kernels/step_cache.py).
-    compiled: the torch twin runs decode tokens through an inductor-compiled kernel
-    (kernels/paged_decode_compiled.py); importing inductor breaks the Triton interpreter for
-    the rest of the process, so only an engine that compiles its model asks for it.
     """
     if use_triton(q, impl):
         from kernels.paged_attention_triton import paged_attention_triton
@@ -104,8 +100,7 @@ def paged_attention(
             max_query_len=max_query_len, max_seq_len=max_seq_len, split_k=split_k,
         )
     return paged_attention_torch(
-        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, step_cache,
-        compiled,
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, step_cache
     )
 
 

@@ -11,10 +11,6 @@ What depends only on the step's metadata (the host copies of the lengths, the ch
 masks) is planned by the first layer and kept in the caller's step cache for the other layers
 (kernels/step_cache.py). A step of a few decode sequences and nothing else, the long tail of a
 batch, is one gather and one SDPA call per layer, with no reordering of rows.
-
-An engine that compiles its model asks (compiled=True) for the decode tokens to go through
-kernels/paged_decode_compiled.py instead: one inductor-compiled call for all of them, 2-2.6x
-faster than gathers and SDPA from 4 sequences up.
 """
 
 from __future__ import annotations
@@ -26,7 +22,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.paged_decode_compiled import paged_decode_compiled
 from kernels.step_cache import derived
 
 # Gathered K+V bytes per decode chunk: well inside a server L3, the size that measured fastest
@@ -40,9 +35,6 @@ SCRATCH_MAX_BYTES = 64 << 20
 # that the extra merge costs more than the gathers it saves.
 CASCADE_MIN_SEQS = 4
 CASCADE_MIN_BLOCKS = 2
-# The compiled decode kernel reads a shared prefix's blocks once per sequence from the CPU
-# cache at little cost; its cascade (two small matmuls) pays off only from about 32 sequences.
-COMPILED_CASCADE_MIN_SEQS = 32
 
 _scratch = threading.local()
 
@@ -88,11 +80,12 @@ class _DecodePlan:
     whole_batch: bool = False
 
 
-def _shared_blocks(table_rows: torch.Tensor, lens: list[int], block_size: int,
-                   min_seqs: int = CASCADE_MIN_SEQS) -> int:
+def shared_prefix_blocks(table_rows: torch.Tensor, lens: list[int], block_size: int,
+                         min_seqs: int = CASCADE_MIN_SEQS) -> int:
     """How many leading blocks every decode sequence shares (prefix caching hands one system
-    prompt's blocks to all of them), to attend once for the whole batch, cascade style; 0 when
-    too few sequences or blocks make it worth a merge."""
+    prompt's blocks to all of them), to attend once for the whole batch, cascade style: 0 when
+    fewer than `min_seqs` sequences or CASCADE_MIN_BLOCKS blocks make it not worth a merge.
+    table_rows [n, max_blocks]: the sequences' block tables; lens: their context lengths."""
     if len(lens) < min_seqs:
         return 0
     limit = (min(lens) - 1) // block_size  # each sequence keeps a token past the prefix
@@ -101,41 +94,13 @@ def _shared_blocks(table_rows: torch.Tensor, lens: list[int], block_size: int,
     return shared if shared >= CASCADE_MIN_BLOCKS else 0
 
 
-@dataclass
-class _CompiledDecodePlan:
-    """The step's decode sequences for kernels/paged_decode_compiled.py: one call for all."""
-
-    token_rows: torch.Tensor  # [n] rows of q/out
-    table: torch.Tensor  # [n, blocks] block ids after the shared prefix, padding at block 0
-    lens: torch.Tensor  # [n] context length after the shared prefix
-    prefix_blocks: torch.Tensor | None
-    whole_batch: bool  # the step is these tokens alone, in order
-
-
-def _plan_compiled_decode(tokens: list[int], seqs: list[int], lens: list[int],
-                          block_tables: torch.Tensor, block_size: int,
-                          whole_batch: bool) -> _CompiledDecodePlan:
-    device = block_tables.device
-    table_rows = block_tables.index_select(0, torch.tensor(seqs, device=device)).long()
-    shared = _shared_blocks(table_rows, [lens[s] for s in seqs], block_size,
-                            COMPILED_CASCADE_MIN_SEQS)
-    suffix = torch.tensor([lens[s] - shared * block_size for s in seqs], device=device)
-    num_blocks = -(-int(suffix.max()) // block_size)
-    # Entries past a sequence's last block may hold anything (-1): point them at block 0.
-    in_use = torch.arange(0, num_blocks * block_size, block_size, device=device)
-    in_use = in_use < suffix[:, None]
-    return _CompiledDecodePlan(
-        token_rows=torch.tensor(tokens, device=device),
-        table=table_rows[:, shared:shared + num_blocks].masked_fill(~in_use, 0), lens=suffix,
-        prefix_blocks=table_rows[0, :shared] if shared else None, whole_batch=whole_batch)
-
-
 def _plan_decode(tokens: list[int], seqs: list[int], lens: list[int],
                  block_tables: torch.Tensor, block_size: int, slot_bytes: int,
                  cascade: bool = True, whole_batch: bool = False) -> _DecodePlan:
     device = block_tables.device
     table_rows = block_tables.index_select(0, torch.tensor(seqs, device=device)).long()
-    shared = _shared_blocks(table_rows, [lens[s] for s in seqs], block_size) if cascade else 0
+    shared = (shared_prefix_blocks(table_rows, [lens[s] for s in seqs], block_size)
+              if cascade else 0)
     offset = shared * block_size
     longest = max(lens[s] for s in seqs) - offset
     whole_batch = (whole_batch and not shared
@@ -283,44 +248,34 @@ def paged_attention_torch(
     query_start_loc: torch.Tensor,
     scale: float,
     step_cache: dict | None = None,
-    compiled: bool = False,
 ) -> torch.Tensor:
     """Same contract as kernels.paged_attention: q [num_tokens, num_heads, head_dim];
     caches [num_blocks, block_size, num_kv_heads, head_dim], whose first dim must be
     index_select-able; block_tables [num_seqs, max_blocks]; seq_lens [num_seqs];
     query_start_loc [num_seqs + 1]. Index tensors may be int32 or int64, on q's device.
     Returns a new [num_tokens, num_heads, head_dim] tensor in q's dtype. step_cache: see
-    kernels/step_cache.py. compiled: decode tokens go through the inductor-compiled kernel
-    (kernels/paged_decode_compiled.py) instead of gathers and SDPA."""
+    kernels/step_cache.py."""
     flash = q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16)
     _, block_size, num_kv_heads, head_dim = k_cache.shape
     slot_bytes = 2 * num_kv_heads * head_dim * k_cache.element_size()
     # The plan depends only on the metadata (and the cache's geometry): the first layer of a
     # forward builds it, the others reuse it.
-    step = derived(step_cache, ("paged_attention", block_size, slot_bytes, flash, compiled),
+    step = derived(step_cache, ("paged_attention", block_size, slot_bytes, flash),
                    lambda: _plan_step(block_tables, seq_lens, query_start_loc, block_size,
-                                      slot_bytes, flash, compiled))
+                                      slot_bytes, flash))
     decode = step.decode
-    if isinstance(decode, _CompiledDecodePlan):
-        attended = paged_decode_compiled(
-            q if decode.whole_batch else q.index_select(0, decode.token_rows),
-            k_cache, v_cache, decode.table, decode.lens, scale, decode.prefix_blocks)
-        if decode.whole_batch:  # every token is a decode token, in order
-            return attended
-        out = torch.empty_like(q)
-        out.index_copy_(0, decode.token_rows, attended)
-    elif decode is not None and decode.whole_batch:
+    if decode is not None and decode.whole_batch:
         # Every token is a decode token, in one chunk, in order: the attention is the output.
         chunk = decode.chunks[0]
         k, v = _gather_chunk(k_cache, v_cache, chunk)
         if flash:
             return _attend(q, k, v, chunk.mask, scale)[0].to(q.dtype)
         return _attend_sdpa(q, k, v, chunk.mask, scale)
-    else:
-        out = torch.empty_like(q)
-        if decode is not None and flash:
+    out = torch.empty_like(q)
+    if decode is not None:
+        if flash:
             _decode(q, out, decode, k_cache, v_cache, scale)
-        elif decode is not None:
+        else:
             for chunk in decode.chunks:
                 k, v = _gather_chunk(k_cache, v_cache, chunk)
                 out.index_copy_(0, chunk.token_rows,
@@ -334,28 +289,24 @@ def paged_attention_torch(
 
 @dataclass
 class _StepPlan:
-    decode: _DecodePlan | _CompiledDecodePlan | None
+    decode: _DecodePlan | None
     prefills: list[tuple[int, int, int, int]]  # (first token, end token, seq_len, seq)
 
 
 def _plan_step(block_tables: torch.Tensor, seq_lens: torch.Tensor,
                query_start_loc: torch.Tensor, block_size: int, slot_bytes: int,
-               flash: bool, compiled: bool) -> _StepPlan:
+               flash: bool) -> _StepPlan:
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     decode = [s for s in range(len(lens)) if starts[s + 1] - starts[s] == 1]
     prefills = [(starts[s], starts[s + 1], lens[s], s) for s in range(len(lens))
                 if starts[s + 1] - starts[s] > 1]
     plan = None
-    whole_batch = not prefills and starts[-1] == len(decode)
-    if decode and compiled:
-        plan = _plan_compiled_decode([starts[s] for s in decode], decode, lens, block_tables,
-                                     block_size, whole_batch)
-    elif decode:
+    if decode:
         # The shared-prefix merge needs the flash kernel's logsumexp.
         plan = _plan_decode([starts[s] for s in decode], decode, lens, block_tables,
                             block_size, slot_bytes, cascade=flash,
-                            whole_batch=whole_batch)
+                            whole_batch=not prefills and starts[-1] == len(decode))
     return _StepPlan(plan, prefills)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kernels import paged_attention, store_kv_cache
+from kernels.paged_decode_compiled import DecodeBatch, paged_decode
 
 
 @dataclass
@@ -25,8 +26,9 @@ class AttentionMetadata:
     max_query_len: int
     max_seq_len: int
     kernels: str | None = None
-    # Decode attention through the inductor-compiled CPU kernel (an engine that compiles).
-    compiled: bool = False
+    # A step of decode tokens only, planned for the CPU decode kernel that a compiled forward
+    # runs in its graph (kernels/paged_decode_compiled.py); None otherwise.
+    decode: DecodeBatch | None = None
     # What the kernels derive from this metadata once per forward (kernels/step_cache.py);
     # valid while these tensors are unchanged, so each step makes new metadata.
     step_cache: dict = field(default_factory=dict)
@@ -39,11 +41,16 @@ def paged_attention_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     q [num_tokens, num_heads, head_dim]; k, v [num_tokens, num_kv_heads, head_dim].
 
-    Under torch.compile the call goes through the opaque op `quern::attention`, which finds
-    the step's metadata in the forward context (see `forward_context`): the compiled graph
-    holds the dense layers, and attention, whose plan is host-side Python, stays eager.
+    Under torch.compile, a decode-only step planned for it (meta.decode) runs the CPU decode
+    kernel in the graph itself; any other step goes through the opaque op `quern::attention`,
+    which finds the step's metadata in the forward context (see `forward_context`): the
+    compiled graph holds the dense layers, and attention, whose plan is host-side Python,
+    stays eager.
     """
     if torch.compiler.is_compiling():
+        if meta.decode is not None:
+            return paged_decode(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.decode,
+                                scale)
         return torch.ops.quern.attention(q, k, v, k_cache, v_cache, scale)
     return _paged_attention(q, k, v, k_cache, v_cache, meta, scale)
 
@@ -58,7 +65,7 @@ def _paged_attention(q, k, v, k_cache, v_cache, meta: AttentionMetadata,
     out = paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                           meta.query_start_loc, scale, impl=meta.kernels,
                           max_query_len=meta.max_query_len, max_seq_len=meta.max_seq_len,
-                          step_cache=meta.step_cache, compiled=meta.compiled)
+                          step_cache=meta.step_cache)
     return out.to(dtype)
 
 

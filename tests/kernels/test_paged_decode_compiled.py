@@ -1,10 +1,10 @@
-"""The inductor-compiled CPU decode kernel (kernels/paged_decode_compiled.py), through the torch
-twin's compiled=True: the same answers as a dense float64 reference, with and without the
-shared-prefix cascade, one sequence, decode mixed with prefill, NaN in every slot no sequence
-owns; and the sizes that change from step to step do not recompile it.
+"""The decode step a compiled forward runs in its graph (kernels/paged_decode_compiled.py): its
+plan, and its answers against a dense float64 reference with and without the shared-prefix
+cascade, for one sequence and many, with NaN in every slot no sequence owns, eagerly here and
+compiled by inductor in a child process, where new batch sizes and lengths must not recompile.
 
 Compiling imports inductor, which breaks the Triton interpreter the other kernel tests run on
-for the rest of the process, so the checks run in a child process.
+for the rest of the process, hence the child.
 """
 
 from __future__ import annotations
@@ -13,9 +13,63 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
+from kernels.paged_decode_compiled import CASCADE_MIN_SEQS, paged_decode, plan_paged_decode
+from tests.kernels.test_shared_prefix_decode import dense, shared_prefix_batch
+
 REPO = Path(__file__).resolve().parents[2]
+CASES = [
+    [3, 1, 40],  # too few sequences for a cascade
+    [1, 5, 16, 17, 40, 3, 33] * 5,  # 35 sequences: the cascade
+    [9],  # one sequence, one block: the table is padded to two columns
+    [2] * CASCADE_MIN_SEQS,  # every suffix within one block
+    [7, 60, 2, 2, 31],
+]
+
+
+def run_case(suffix_lens: list[int], dtype: torch.dtype, decode=paged_decode, seed: int = 0):
+    """One decode step: the last token of each sequence is new (its K/V not yet in the cache).
+    Returns (out, expected, k_cache, slots, new_k)."""
+    n = len(suffix_lens)
+    q, kc, vc, bt, sl, _, keys, values = shared_prefix_batch(n, 3, suffix_lens, seed=seed)
+    kc, vc = kc.to(dtype), vc.to(dtype)
+    slots = torch.tensor([bt[s, (int(sl[s]) - 1) // 16] * 16 + (int(sl[s]) - 1) % 16
+                          for s in range(n)])
+    new_k = torch.stack([k[-1] for k in keys]).to(dtype)
+    new_v = torch.stack([v[-1] for v in values]).to(dtype)
+    kc.view(-1, 3, 64)[slots] = float("nan")  # the new token's slot is written by the step
+    vc.view(-1, 3, 64)[slots] = float("nan")
+    batch = plan_paged_decode(bt, sl.tolist(), 16)
+    with torch.inference_mode():  # as in the engine
+        out = decode(q.to(dtype).clone(), new_k.clone(), new_v.clone(), kc, vc, slots, batch,
+                     0.125)
+    expected = torch.stack([dense(q[s].to(dtype).float(), keys[s].to(dtype).float(),
+                                  values[s].to(dtype).float(), 0.125) for s in range(n)])
+    return out, expected, kc, slots, new_k
+
+
+def test_plan_takes_the_shared_prefix_from_enough_sequences():
+    for suffix_lens in CASES:
+        n = len(suffix_lens)
+        _, _, _, bt, sl, _, _, _ = shared_prefix_batch(n, 3, suffix_lens)
+        batch = plan_paged_decode(bt, sl.tolist(), 16)
+        assert (batch.prefix_blocks is not None) == (n >= CASCADE_MIN_SEQS)
+        shared = 0 if batch.prefix_blocks is None else 3
+        assert batch.lens.tolist() == [s + 3 * 16 - shared * 16 for s in suffix_lens]
+        assert batch.table.shape[1] >= 2
+        for s in range(n):  # a sequence's own blocks, then block 0 for the padding
+            used = -(-int(batch.lens[s]) // 16)
+            assert batch.table[s, :used].tolist() == bt[s, shared:shared + used].tolist()
+            assert (batch.table[s, used:] == 0).all()
+
+
+@pytest.mark.parametrize("suffix_lens", CASES[:3])
+def test_eager_decode_stores_and_matches_dense(suffix_lens):
+    out, expected, kc, slots, new_k = run_case(suffix_lens, torch.float32)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=0)
+    torch.testing.assert_close(kc.view(-1, 3, 64)[slots], new_k, atol=0, rtol=0)
 
 
 def test_compiled_decode_in_a_child_process():
@@ -26,52 +80,26 @@ def test_compiled_decode_in_a_child_process():
     assert proc.stdout.strip().endswith("compiled decode ok")
 
 
-def _graphs() -> int:
-    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
-
-
 def check() -> None:
-    from kernels import paged_attention
-    from kernels.paged_attention_torch import COMPILED_CASCADE_MIN_SEQS, _plan_compiled_decode
-    from tests.kernels.paged_cases import dense_causal_attention, make_paged_batch
-    from tests.kernels.test_shared_prefix_decode import dense, shared_prefix_batch
+    from torch.fx.experimental import _config as fx_config
 
-    def attend(q, kc, vc, bt, sl, qsl, dtype, scale=0.125):
-        with torch.inference_mode():  # as in the engine, q is made under inference mode
-            q = q.to(dtype).clone()
-            return paged_attention(q, kc.to(dtype), vc.to(dtype), bt, sl, qsl, scale,
-                                   impl="torch", step_cache={}, compiled=True)
+    def compiled(q, k, v, k_cache, v_cache, *args):
+        for cache in (k_cache, v_cache):  # as the engine does: constants in the graph
+            for dim in (1, 2, 3):
+                torch._dynamo.mark_static(cache, dim)
+        with fx_config.patch(use_duck_shape=False):  # as the engine's compiled forward
+            return compiled_decode(q, k, v, k_cache, v_cache, *args)
 
+    compiled_decode = torch.compile(paged_decode, dynamic=True)
+    graphs = lambda: torch._dynamo.utils.counters["stats"]["unique_graphs"]  # noqa: E731
     for dtype, atol in ((torch.float32, 2e-5), (torch.bfloat16, 3e-2)):
-        cases = [
-            [3, 1, 40],  # too few for a cascade
-            [1, 5, 16, 17, 40, 3, 33] * 5,  # 35 sequences: the cascade
-            [9],  # one sequence, padded to two inside
-            [2] * COMPILED_CASCADE_MIN_SEQS,  # every suffix in one block
-            [7, 60, 2, 2, 31],
-        ]
-        for step, suffix_lens in enumerate(cases):
+        for step, suffix_lens in enumerate(CASES):
             if step == 2:
-                graphs = _graphs()  # both graphs (with and without a prefix) exist by now
-            n = len(suffix_lens)
-            q, kc, vc, bt, sl, qsl, keys, values = shared_prefix_batch(n, 3, suffix_lens,
-                                                                       seed=step)
-            plan = _plan_compiled_decode(list(range(n)), list(range(n)), sl.tolist(), bt, 16,
-                                         whole_batch=True)
-            assert (plan.prefix_blocks is not None) == (n >= COMPILED_CASCADE_MIN_SEQS)
-            out = attend(q, kc, vc, bt, sl, qsl, dtype)
-            assert out.dtype == dtype and out.shape == q.shape
-            for s in range(n):
-                expected = dense(q[s].to(dtype).float(), keys[s].to(dtype).float(),
-                                 values[s].to(dtype).float(), 0.125)
-                torch.testing.assert_close(out[s].float(), expected, atol=atol, rtol=0)
-        assert _graphs() == graphs, "a new batch size or context length recompiled"
-
-        # Decode tokens among prefills: the decode rows come back in their places.
-        batch = make_paged_batch([(30, 1), (0, 7), (50, 1), (12, 5), (3, 1)], num_kv_heads=2,
-                                 group=4, head_dim=32, block_size=16, padding=-1)
-        out = attend(batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
-                     batch.seq_lens, batch.query_start_loc, dtype, batch.scale)
-        torch.testing.assert_close(out.float(), dense_causal_attention(batch),
-                                   atol=10 * atol, rtol=0)
+                before = graphs()  # with and without a prefix, both compiled by now
+            out, expected, kc, slots, new_k = run_case(suffix_lens, dtype, compiled, seed=step)
+            assert out.dtype == dtype
+            torch.testing.assert_close(out.float(), expected, atol=atol, rtol=0)
+            torch.testing.assert_close(kc.view(-1, 3, 64)[slots], new_k, atol=0, rtol=0)
+        # One sequence is a size of 1, which dynamo specializes: at most that one more graph.
+        assert graphs() - before <= 1, "new batch sizes or context lengths recompiled"
     print("compiled decode ok")
