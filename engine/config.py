@@ -28,8 +28,8 @@ class EngineConfig:
     # torch.compile the model's forward, compiled at start-up for each kind of step (one token,
     # a prefill, decode batches with and without a shared prefix). On the CPU a decode-only
     # step's attention runs in the graph (kernels/paged_decode_compiled.py); other steps' goes
-    # through an opaque op to the eager twin. Measured 1.2x the eager engine's throughput on a
-    # 2-core CPU, for about two minutes of compiling there.
+    # through an opaque op to the eager twin. Measured 1.3-1.5x the eager engine's throughput
+    # on a 2-core CPU, for about six minutes of compiling there.
     compile_model: bool = False
 
     def __post_init__(self) -> None:
