@@ -10,7 +10,7 @@ from engine.layers.attention import AttentionMetadata, forward_context
 from engine.models.llama import SUPPORTED_MODEL_TYPES, LlamaForCausalLM
 from engine.sequence import Request
 from kernels import use_triton
-from kernels.paged_decode_compiled import plan_paged_decode
+from kernels.paged_decode_compiled import CASCADE_MIN_SEQS, plan_paged_decode
 
 GIB = 1024 ** 3
 
@@ -80,9 +80,9 @@ class ModelRunner:
 
     def _warm_up_steps(self) -> list[AttentionMetadata]:
         """Steps that between them compile every graph: one token (dynamic shapes specialize a
-        size of 1), a two-token prefill, decode tokens of 2 sequences, and of 64 whose contexts
-        share their first blocks (the decode kernel's cascade). They read and write only the
-        first few blocks, which nothing holds yet at start-up."""
+        size of 1), a two-token prefill, decode tokens of 2 sequences, and of enough sequences
+        sharing their first blocks for the decode kernel's cascade. They read and write only
+        the first few blocks, which nothing holds yet at start-up."""
         bs = self.block_size
         shared = max(0, min(4, self.num_blocks - 1))
 
@@ -94,7 +94,7 @@ class ModelRunner:
                                   np.array([0, *np.cumsum(query_lens)]))
 
         return [step([1], [0], 1), step([2], [0], 2), step([1, 1], [0], 1),
-                step([1] * 64, list(range(shared + 1)), shared * bs + 1)]
+                step([1] * CASCADE_MIN_SEQS, list(range(shared + 1)), shared * bs + 1)]
 
     def _cache_dtype(self) -> torch.dtype:
         if self.config.kv_cache_dtype != "auto":
